@@ -1,0 +1,59 @@
+# HIR pipeline. `make help` lists the targets; `make test` is what CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+JARS := .jars
+DELTA_VERSION := 4.4.0
+DELTA_SPARK_ARTIFACT := io.delta:delta-spark_4.0_2.13:$(DELTA_VERSION)
+DELTA_STORAGE_ARTIFACT := io.delta:delta-storage:$(DELTA_VERSION)
+WAREHOUSE ?= warehouse
+SHARED_DATA ?= ../shared/data
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt setup.py
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+$(JARS)/.fetched: Makefile
+	@command -v mvn >/dev/null || { echo "error: mvn not found (Maven fetches the Delta jars)"; exit 1; }
+	mkdir -p $(JARS)
+	mvn -q -B dependency:copy -Dartifact=$(DELTA_SPARK_ARTIFACT) -DoutputDirectory=$(JARS)
+	mvn -q -B dependency:copy -Dartifact=$(DELTA_STORAGE_ARTIFACT) -DoutputDirectory=$(JARS)
+	touch $@
+
+setup: $(VENV)/.installed $(JARS)/.fetched ## Create .venv with pinned packages and fetch the Delta jars (idempotent)
+
+lint: setup ## Ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint ## Lint, then every test (slow end-to-end ones included)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-fast: setup ## Tests without the slow end-to-end ones
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
+format: setup ## Apply ruff fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+demo: setup ## Run the pipeline on the synthetic source and the real datasets in ../shared/data
+	HIR_SHARED_DATA=$(SHARED_DATA) WAREHOUSE=$(WAREHOUSE) $(VENV)/bin/python -m jobs.demo
+
+clean: ## Remove generated tables, caches and build output (keeps .venv and .jars)
+	rm -rf $(WAREHOUSE) build dist *.egg-info .pytest_cache .ruff_cache spark-warehouse
+
+distclean: clean ## Also remove .venv and .jars
+	rm -rf $(VENV) $(JARS)
+
+.PHONY: help setup lint test test-fast format demo clean distclean

@@ -1,0 +1,45 @@
+"""Flag parsing shared by the jobs: strict dates, existing paths, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from collections.abc import Callable, Sequence
+
+from jobs.common.errors import HirError
+
+
+class JobArgumentParser(argparse.ArgumentParser):
+    """argparse that raises HirError (one line) instead of printing usage and exiting."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise HirError(f"{self.prog}: {message}")
+
+
+def parse_ds(value: str) -> dt.date:
+    """A day as YYYY-MM-DD, strictly (argparse `type=`)."""
+    try:
+        if len(value) != 10:
+            raise ValueError
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ds must be a date as YYYY-MM-DD, got '{value}'") from None
+
+
+def add_warehouse_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--warehouse",
+        default="warehouse",
+        help="Root folder (or URI) of the Delta tables, one sub-folder per table. Default ./warehouse keeps a "
+        "local run self-contained and is git-ignored.",
+    )
+
+
+def run_job(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """Run a job's main; a HirError becomes `error: <message>` on stderr and exit code 2."""
+    try:
+        return main(argv)
+    except HirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,126 @@
+"""The one reader and writer of the pipeline's Delta tables.
+
+`write_table` refuses a DataFrame whose columns do not match the table's declared schema (naming the column), and
+replaces exactly the slice it is told to (`replaceWhere`), so a rerun of the same day replaces and never appends.
+A Delta commit is atomic: a job killed mid-write leaves the previous version in place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
+
+from jobs.common.errors import HirError
+from schemas.tables import TableSpec
+
+
+def table_path(warehouse: str | Path, spec: TableSpec) -> str:
+    return str(Path(warehouse).resolve() / spec.name)
+
+
+def _plain(dtype: DataType) -> DataType:
+    """The type with nullability and metadata removed, for comparison."""
+    if isinstance(dtype, ArrayType):
+        return ArrayType(_plain(dtype.elementType), True)
+    if isinstance(dtype, MapType):
+        return MapType(_plain(dtype.keyType), _plain(dtype.valueType), True)
+    if isinstance(dtype, StructType):
+        return StructType([StructField(f.name, _plain(f.dataType), True) for f in dtype.fields])
+    return dtype
+
+
+def check_schema(df: DataFrame, spec: TableSpec) -> None:
+    """Raise HirError naming the first missing, mistyped or undeclared column."""
+    have = {f.name: f.dataType for f in df.schema.fields}
+    for field in spec.schema.fields:
+        if field.name not in have:
+            raise HirError(f"table {spec.name}: column '{field.name}' is missing")
+        if _plain(have[field.name]) != _plain(field.dataType):
+            raise HirError(
+                f"table {spec.name}: column '{field.name}' has type {have[field.name].simpleString()}, "
+                f"declared {field.dataType.simpleString()}"
+            )
+    extra = [name for name in have if name not in spec.columns]
+    if extra:
+        raise HirError(f"table {spec.name}: column '{extra[0]}' is not declared in schemas/tables.py")
+
+
+def conform(df: DataFrame, spec: TableSpec) -> DataFrame:
+    """Declared column order, with the column docs attached as metadata."""
+    check_schema(df, spec)
+    return df.select([F.col(f.name).alias(f.name, metadata=f.metadata) for f in spec.schema.fields])
+
+
+def ensure_table(spark: SparkSession, spec: TableSpec, warehouse: str | Path) -> str:
+    """Create the table (schema, partitioning, properties, docs) if it does not exist; return its path."""
+    from delta.tables import DeltaTable
+
+    path = table_path(warehouse, spec)
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(spec.schema).comment(spec.doc)
+    if spec.partition_by:
+        builder = builder.partitionedBy(*spec.partition_by)
+    for key, value in spec.properties.items():
+        builder = builder.property(key, value)
+    builder.execute()
+    return path
+
+
+def write_table(
+    df: DataFrame,
+    spec: TableSpec,
+    warehouse: str | Path,
+    replace_where: str | None,
+    *,
+    user_metadata: str | None = None,
+) -> int:
+    """Replace the rows matching `replace_where` (None: the whole table) with `df`; return the new version.
+
+    Delta checks that every written row matches `replace_where`, so a job cannot write outside its slice.
+    """
+    spark = df.sparkSession
+    path = ensure_table(spark, spec, warehouse)
+    writer = conform(df, spec).write.format("delta").mode("overwrite")
+    if replace_where is not None:
+        writer = writer.option("replaceWhere", replace_where)
+    if user_metadata:
+        writer = writer.option("userMetadata", user_metadata)
+    writer.save(path)
+    return table_version(spark, spec, warehouse)
+
+
+def table_exists(spark: SparkSession, spec: TableSpec, warehouse: str | Path) -> bool:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.isDeltaTable(spark, table_path(warehouse, spec))
+
+
+def read_table(
+    spark: SparkSession, spec: TableSpec, warehouse: str | Path, version: int | None = None
+) -> DataFrame:
+    """Read a table (optionally at a Delta version); a missing table is a one-line error."""
+    if not table_exists(spark, spec, warehouse):
+        raise HirError(
+            f"table {spec.name} not found at {table_path(warehouse, spec)}: run the stage that writes it"
+        )
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(table_path(warehouse, spec))
+
+
+def table_version(spark: SparkSession, spec: TableSpec, warehouse: str | Path) -> int:
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, table_path(warehouse, spec)).history(1)
+    return int(history.select("version").first()[0])
+
+
+def sql_in(column: str, values: list) -> str:
+    """`column IN (...)` with values quoted for a replaceWhere predicate; an empty list matches nothing."""
+    if not values:
+        return "false"
+    quoted = ", ".join("'" + str(v).replace("'", "''") + "'" for v in sorted(values))
+    return f"{column} IN ({quoted})"

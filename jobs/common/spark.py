@@ -1,0 +1,118 @@
+"""The one SparkSession factory, used by every job and by the tests.
+
+Local runs (`hir ...`, `python jobs/x.py`, tests) get `local[*]` with the Delta jars that `make setup` fetched into
+`.jars/`. Under `spark-submit` the master, jars and confs given on the command line win: this factory only fills
+in what was not set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from jobs.common.errors import HirError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The Spark line the pinned Delta jar is built for; the jar's artifact name carries it (delta-spark_4.0_2.13).
+SUPPORTED_SPARK_LINE = "4.0"
+
+_DELTA_CONFS = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+_DEFAULT_CONFS = {
+    # Every timestamp is an instant; sources declare their own zone for `ds`, so the session works in UTC.
+    "spark.sql.session.timeZone": "UTC",
+    # Small data on one machine: the default 200 shuffle partitions would make hundreds of tiny tasks and files.
+    "spark.sql.shuffle.partitions": "8",
+    "spark.default.parallelism": "8",
+    "spark.sql.adaptive.enabled": "true",
+    # Arrow moves batches to the pandas UDFs and to pandas without row-by-row pickling.
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # A write must match the declared schema exactly (jobs.common.delta enforces it); never evolve silently.
+    "spark.databricks.delta.schema.autoMerge.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    # Delta rebuilds table state from its log with this many tasks (default 50, sized for huge logs). Our tables
+    # get one commit per day, so a handful of tasks is faster everywhere (Delta's own test base uses 2).
+    "spark.databricks.delta.snapshotPartitions": "4",
+}
+
+
+def jars_dir() -> Path:
+    return Path(os.environ.get("HIR_JARS_DIR", PROJECT_ROOT / ".jars"))
+
+
+def delta_jars() -> list[Path]:
+    """The Delta jars fetched by `make setup` (delta-spark and delta-storage)."""
+    folder = jars_dir()
+    jars = sorted(folder.glob("delta-*.jar")) if folder.is_dir() else []
+    if not any(j.name.startswith("delta-spark_") for j in jars) or not any(
+        j.name.startswith("delta-storage-") for j in jars
+    ):
+        raise HirError(
+            f"Delta jars not found in {folder}: run `make setup` (or pass them with spark-submit --jars)"
+        )
+    return jars
+
+
+def check_versions(spark_version: str, jar_names: list[str]) -> None:
+    """Fail with one line when the running Spark and the Delta jar were built for different Spark lines."""
+    line = ".".join(spark_version.split(".")[:2])
+    for name in jar_names:
+        m = re.match(r"delta-spark_(\d+\.\d+)_2\.13-([\d.]+)\.jar$", name)
+        if m and m.group(1) != line:
+            raise HirError(
+                f"Delta jar {name} is built for Spark {m.group(1)} but Spark {spark_version} is running"
+            )
+    if line != SUPPORTED_SPARK_LINE:
+        raise HirError(
+            f"Spark {spark_version} is not supported: this release pins Spark {SUPPORTED_SPARK_LINE}.x"
+        )
+
+
+def get_spark(
+    app_name: str = "hir",
+    *,
+    shuffle_partitions: int | None = None,
+    ui: bool = True,
+    extra_conf: dict[str, str] | None = None,
+):
+    """Return the active SparkSession, creating it with Delta enabled if needed."""
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+
+    given = SparkConf()  # holds spark-submit's --master/--conf/--jars when launched that way
+    builder = SparkSession.builder.appName(app_name)
+    under_submit = given.contains("spark.master")
+    if not under_submit:
+        builder = builder.master(os.environ.get("HIR_SPARK_MASTER", "local[*]"))
+        builder = builder.config("spark.driver.memory", os.environ.get("HIR_DRIVER_MEMORY", "4g"))
+    jar_names: list[str] = []
+    if not given.contains("spark.jars") or "delta-spark" not in given.get("spark.jars", ""):
+        jars = delta_jars()
+        jar_names = [j.name for j in jars]
+        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
+    else:
+        jar_names = [Path(p).name for p in given.get("spark.jars").split(",")]
+    for key, value in {**_DEFAULT_CONFS, **_DELTA_CONFS}.items():
+        if key in _DELTA_CONFS or not given.contains(key):
+            builder = builder.config(key, value)
+    if shuffle_partitions is not None:
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    if not ui:
+        builder = builder.config("spark.ui.enabled", "false")
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+
+    import pyspark
+
+    check_versions(pyspark.__version__, jar_names)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("HIR_SPARK_LOG_LEVEL", "WARN"))
+    return spark

@@ -1,0 +1,391 @@
+"""Every Delta table of the pipeline, declared once: columns with docs, partitioning, properties.
+
+Jobs never spell a table's columns themselves: they build a DataFrame and hand it to
+`jobs.common.delta.write_table`, which refuses anything that does not match the spec below.
+Tables live at `<warehouse>/<name>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DataType,
+    DateType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+
+def _col(name: str, dtype: DataType, doc: str, nullable: bool = True) -> StructField:
+    return StructField(name, dtype, nullable, metadata={"comment": doc})
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table's contract: name, schema (with column docs), partition columns, Delta properties."""
+
+    name: str
+    doc: str
+    schema: StructType
+    partition_by: tuple[str, ...] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> list[str]:
+        return [f.name for f in self.schema.fields]
+
+    def column_doc(self, column: str) -> str:
+        return self.schema[column].metadata.get("comment", "")
+
+
+DS = _col(
+    "ds",
+    DateType(),
+    "Day of the data (partition); for events, the event date in the source's time zone.",
+    False,
+)
+SOURCE = _col(
+    "source", StringType(), "Input adapter that produced the row: taobao, rees46, generic, synthetic.", False
+)
+
+# Appends are rare and whole days are replaced; keep a month of history for time travel and lineage.
+_DAILY_PROPS = {
+    "delta.logRetentionDuration": "interval 30 days",
+    "delta.deletedFileRetentionDuration": "interval 7 days",
+}
+
+EVENTS = TableSpec(
+    name="events",
+    doc="Canonical interaction events, one row per source record kept after validation and de-duplication.",
+    schema=StructType(
+        [
+            SOURCE,
+            _col("user_id", StringType(), "Raw user id as in the source.", False),
+            _col("item_id", StringType(), "Raw item id as in the source.", False),
+            _col(
+                "event_type",
+                StringType(),
+                "Raw event type as in the source (pv, buy, view, purchase ...).",
+                False,
+            ),
+            _col(
+                "funnel_stage",
+                StringType(),
+                "Canonical stage: view, favourite, cart, purchase (or removal, kept but unused by the graph).",
+                False,
+            ),
+            _col("event_time", TimestampType(), "When the event happened (stored as UTC instant).", False),
+            _col("session_id", StringType(), "Source session id where the source has one."),
+            DS,
+        ]
+    ),
+    partition_by=("ds",),
+    properties=_DAILY_PROPS,
+)
+
+ENTITIES = TableSpec(
+    name="entities",
+    doc="Item attributes as last observed on day ds (one row per source, item and day).",
+    schema=StructType(
+        [
+            SOURCE,
+            _col(
+                "entity_type",
+                StringType(),
+                "Entity type; 'item' for everything the event sources describe.",
+                False,
+            ),
+            _col("entity_id", StringType(), "Raw entity id as in the source.", False),
+            _col("category_id", StringType(), "Raw category id (string: REES46 ids exceed 32 bits)."),
+            _col("category_code", StringType(), "Dot-separated category taxonomy, coarse to fine (REES46)."),
+            _col("brand", StringType(), "Brand / advertiser name, lower case."),
+            _col("price", DoubleType(), "Price in source currency; null when missing or not positive."),
+            _col("title", StringType(), "Free text title or description where the source has one."),
+            _col("last_seen", TimestampType(), "Time of the event whose attributes this row holds.", False),
+            DS,
+        ]
+    ),
+    partition_by=("ds",),
+    properties=_DAILY_PROPS,
+)
+
+INGEST_REJECTS = TableSpec(
+    name="ingest_rejects",
+    doc="Every input record that did not become an event, with the reason. Nothing is dropped silently.",
+    schema=StructType(
+        [
+            SOURCE,
+            _col("input_file", StringType(), "File the record came from.", False),
+            _col(
+                "record", StringType(), "The raw record as read (text line, or JSON of a Parquet row).", False
+            ),
+            _col(
+                "reason", StringType(), "Why the record was rejected, e.g. 'truncated: 8 of 9 fields'.", False
+            ),
+            _col("run_id", StringType(), "Ingest run that rejected it.", False),
+        ]
+    ),
+    partition_by=("source",),
+)
+
+SYNTHETIC_TRUTH = TableSpec(
+    name="synthetic_truth",
+    doc="Planted ground truth of the synthetic generator: each user's and item's interest clusters.",
+    schema=StructType(
+        [
+            _col("entity_type", StringType(), "user or item.", False),
+            _col("entity_id", StringType(), "Raw id as written to events/entities.", False),
+            _col("parent_cluster", IntegerType(), "Coarse planted interest (parent cluster).", False),
+            _col(
+                "cluster",
+                IntegerType(),
+                "Fine planted interest: item's cluster, user's primary interest.",
+                False,
+            ),
+            _col(
+                "interests",
+                ArrayType(IntegerType(), False),
+                "All fine clusters a user draws from (items: one).",
+                False,
+            ),
+            _col("seed", LongType(), "Generator seed.", False),
+        ]
+    ),
+)
+
+NODES = TableSpec(
+    name="nodes",
+    doc="Graph nodes of day ds: dense-enough int64 ids, stable across days for the same (type, raw id).",
+    schema=StructType(
+        [
+            _col("node_id", LongType(), "64-bit hash of (node_type, raw_id); stable across days.", False),
+            _col("node_type", StringType(), "user, item, advertiser or category.", False),
+            _col("raw_id", StringType(), "Raw id in the source, for joins back.", False),
+            _col("degree", LongType(), "Number of distinct outgoing edges before the degree cap.", False),
+            DS,
+        ]
+    ),
+    partition_by=("ds",),
+    properties=_DAILY_PROPS,
+)
+
+EDGES = TableSpec(
+    name="edges",
+    doc="Directed typed edges of day ds with funnel- and recency-weighted weights.",
+    schema=StructType(
+        [
+            _col("src", LongType(), "Source node id.", False),
+            _col("dst", LongType(), "Destination node id.", False),
+            _col("src_type", StringType(), "Source node type.", False),
+            _col("dst_type", StringType(), "Destination node type.", False),
+            _col("edge_type", StringType(), "Edge type name (schemas.codes.EDGE_TYPES).", False),
+            _col(
+                "funnel",
+                StringType(),
+                "'upper' or 'deep' for interaction edges, 'attribute' otherwise.",
+                False,
+            ),
+            _col("weight", DoubleType(), "Sum over events of stage weight x recency decay.", False),
+            _col(
+                "event_count", LongType(), "Number of events behind the edge (1 for attribute edges).", False
+            ),
+            _col("first_time", TimestampType(), "First event time behind the edge."),
+            _col("last_time", TimestampType(), "Last event time behind the edge."),
+            _col(
+                "rank_in_src",
+                IntegerType(),
+                "Rank of the edge among src's edges by weight (degree cap).",
+                False,
+            ),
+            DS,
+        ]
+    ),
+    partition_by=("ds",),
+    properties=_DAILY_PROPS,
+)
+
+_INT_ARRAY = ArrayType(IntegerType(), False)
+
+NEIGHBOURHOODS = TableSpec(
+    name="neighbourhoods",
+    doc=(
+        "Hierarchical neighbourhood sample per target node. Token arrays all have length max_tokens; position 0 is "
+        "the target, then hop-1 tokens, then hop-2 tokens; positions >= num_tokens are padding (type code 0)."
+    ),
+    schema=StructType(
+        [
+            _col("node_id", LongType(), "Target node id.", False),
+            _col("node_type", StringType(), "Target node type.", False),
+            _col("raw_id", StringType(), "Target raw id.", False),
+            _col(
+                "num_tokens", IntegerType(), "Real tokens including the target; the rest is padding.", False
+            ),
+            _col("token_node_id", ArrayType(LongType(), False), "Node id per token (0 for padding).", False),
+            _col(
+                "token_node_type",
+                _INT_ARRAY,
+                "Node type code per token (schemas.codes.NODE_TYPES, 0 = pad).",
+                False,
+            ),
+            _col(
+                "token_edge_type",
+                _INT_ARRAY,
+                "Edge type code linking the token to its parent (1 = self).",
+                False,
+            ),
+            _col("token_hop", _INT_ARRAY, "0 for the target, 1 or 2 for neighbours, 0 for padding.", False),
+            _col(
+                "token_parent_pos",
+                _INT_ARRAY,
+                "Position of the parent token; -1 for target and padding.",
+                False,
+            ),
+            _col("token_recency", _INT_ARRAY, "Recency bucket of the edge (0 = most recent day).", False),
+            _col(
+                "token_weight",
+                ArrayType(FloatType(), False),
+                "Edge weight (0 for target and padding).",
+                False,
+            ),
+            _col(
+                "token_is_deep", ArrayType(BooleanType(), False), "True when the edge is deep funnel.", False
+            ),
+            DS,
+        ]
+    ),
+    partition_by=("ds",),
+    properties=_DAILY_PROPS,
+)
+
+ENTITY_CONTENT = TableSpec(
+    name="entity_content",
+    doc="Content embedding per entity from its text/attributes; re-embedded only when the text changes.",
+    schema=StructType(
+        [
+            _col("node_id", LongType(), "Node id of the entity.", False),
+            _col("node_type", StringType(), "Entity node type.", False),
+            _col("raw_id", StringType(), "Raw id.", False),
+            _col("text", StringType(), "Text that was embedded.", False),
+            _col("text_hash", StringType(), "sha256 of text; the MERGE key for re-embedding.", False),
+            _col("vector", ArrayType(FloatType(), False), "L2-normalised content embedding.", False),
+            _col("encoder", StringType(), "Encoder name and version.", False),
+            _col("updated_ds", DateType(), "Day the vector was (re)computed.", False),
+        ]
+    ),
+)
+
+EMBEDDINGS = TableSpec(
+    name="embeddings",
+    doc="Daily universal embeddings (L2-normalised) per entity.",
+    schema=StructType(
+        [
+            _col("entity_type", StringType(), "user, item, advertiser, category.", False),
+            _col("node_id", LongType(), "Node id.", False),
+            _col("raw_id", StringType(), "Raw id.", False),
+            _col("vector", ArrayType(FloatType(), False), "L2-normalised embedding.", False),
+            _col("model_version", StringType(), "Model directory version that produced it.", False),
+            DS,
+        ]
+    ),
+    partition_by=("ds",),
+    properties=_DAILY_PROPS,
+)
+
+BOM_TOKENS = TableSpec(
+    name="bom_tokens",
+    doc="Bag-of-Meaning: per entity, its top tokens per level with soft-assignment weights and its exact path.",
+    schema=StructType(
+        [
+            _col("entity_type", StringType(), "Entity type.", False),
+            _col("node_id", LongType(), "Node id.", False),
+            _col("raw_id", StringType(), "Raw id.", False),
+            _col("bom_level", IntegerType(), "Quantiser level, 0 = coarsest.", False),
+            _col("token", StringType(), "Token id, e.g. 'L1:3.17' (level, path of codes).", False),
+            _col(
+                "weight",
+                FloatType(),
+                "Soft-assignment weight; weights of an entity's tokens sum to 1 per level.",
+                False,
+            ),
+            _col("rank", IntegerType(), "Rank within the entity's level, 1 = strongest.", False),
+            _col("path", StringType(), "Exact semantic id of the entity (hard codes of all levels).", False),
+            _col("model_version", StringType(), "Model version.", False),
+            DS,
+        ]
+    ),
+    partition_by=("ds",),
+    properties=_DAILY_PROPS,
+)
+
+BOM_VOCAB = TableSpec(
+    name="bom_vocab",
+    doc="Token vocabulary of a day: parent token, member count and a human-readable label.",
+    schema=StructType(
+        [
+            _col("token", StringType(), "Token id.", False),
+            _col("bom_level", IntegerType(), "Quantiser level.", False),
+            _col("parent_token", StringType(), "Token one level coarser (null at level 0)."),
+            _col("size", LongType(), "Entities whose exact path goes through this token.", False),
+            _col(
+                "label",
+                StringType(),
+                "Readable label from members' typical categories/brands/taxonomy words.",
+                False,
+            ),
+            _col("model_version", StringType(), "Model version.", False),
+            DS,
+        ]
+    ),
+    partition_by=("ds",),
+    properties=_DAILY_PROPS,
+)
+
+EVAL_METRICS = TableSpec(
+    name="eval_metrics",
+    doc="Deep-funnel retrieval metrics per method, slice, candidate set and K, with bootstrap CIs.",
+    schema=StructType(
+        [
+            _col("dataset", StringType(), "Dataset name.", False),
+            _col("protocol", StringType(), "temporal or leave_last_conversion_out.", False),
+            _col("model_version", StringType(), "HIR model version evaluated."),
+            _col("method", StringType(), "hir, an ablation or a baseline name.", False),
+            _col("candidates", StringType(), "graph or catalog.", False),
+            _col("slice", StringType(), "User/target slice.", False),
+            _col("metric", StringType(), "recall, ndcg or hit_rate.", False),
+            _col("k", IntegerType(), "Cut-off K.", False),
+            _col("value", DoubleType(), "Metric value.", False),
+            _col("ci_low", DoubleType(), "Bootstrap 95% CI lower bound."),
+            _col("ci_high", DoubleType(), "Bootstrap 95% CI upper bound."),
+            _col("num_users", LongType(), "Users evaluated in this slice.", False),
+            DS,
+        ]
+    ),
+    partition_by=("ds",),
+)
+
+ALL_TABLES: dict[str, TableSpec] = {
+    t.name: t
+    for t in (
+        EVENTS,
+        ENTITIES,
+        INGEST_REJECTS,
+        SYNTHETIC_TRUTH,
+        NODES,
+        EDGES,
+        NEIGHBOURHOODS,
+        ENTITY_CONTENT,
+        EMBEDDINGS,
+        BOM_TOKENS,
+        BOM_VOCAB,
+        EVAL_METRICS,
+    )
+}

@@ -1,0 +1,21 @@
+"""The SparkSession factory: Delta enabled, UTC, version check."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.common.errors import HirError
+from jobs.common.spark import check_versions
+
+
+def test_session_has_delta_and_utc(spark):
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert "DeltaSparkSessionExtension" in spark.conf.get("spark.sql.extensions")
+
+
+def test_version_mismatch_is_a_clear_error():
+    check_versions("4.0.5", ["delta-spark_4.0_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"])
+    with pytest.raises(HirError, match="built for Spark 3.5 but Spark 4.0.5 is running"):
+        check_versions("4.0.5", ["delta-spark_3.5_2.13-3.3.0.jar"])
+    with pytest.raises(HirError, match="Spark 4.1.0 is not supported"):
+        check_versions("4.1.0", [])
