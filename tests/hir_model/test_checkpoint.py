@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+
+from hir_model.checkpoint import load_model, load_weights, read_metrics, write_model_dir
+from hir_model.config import ModelConfig, TrainConfig
+from hir_model.quantiser import ResidualQuantiser
+from hir_model.synthetic import make_synthetic, synthetic_batches
+from hir_model.trainer import Trainer
+
+TRAIN = TrainConfig(lr=2e-3, steps=6, batch_size=32, warmup_steps=2, seed=11)
+
+
+class NotAWeight:
+    """Any custom class: a weights-only unpickler must refuse it."""
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_synthetic(
+        num_users=64,
+        num_parents=2,
+        clusters_per_parent=2,
+        items_per_cluster=8,
+        views_per_user=(2, 5),
+        max_tokens=16,
+        seed=5,
+    )
+
+
+def batches(data, steps: int, seed: int = 0) -> list:
+    return list(synthetic_batches(data, batch_size=32, steps=steps, seed=seed))
+
+
+def test_model_dir_round_trips_with_weights_only(tmp_path: Path, tiny_config: ModelConfig, data) -> None:
+    trainer = Trainer(tiny_config, TRAIN, device="cpu")
+    trainer.fit(batches(data, 2))
+    embeddings = trainer.embed(data.users)
+    quantiser = ResidualQuantiser(levels=2, codes_per_level=4).fit(embeddings)
+    model_dir = trainer.save(tmp_path / "v1", quantiser=quantiser, lineage={"neighbourhoods": 3})
+    assert sorted(p.name for p in model_dir.iterdir()) == [
+        "config.json",
+        "lineage.json",
+        "metrics.jsonl",
+        "quantiser.pt",
+        "weights.pt",
+    ]
+    raw = torch.load(model_dir / "weights.pt", weights_only=True)  # loads without trusting pickle
+    assert raw["step"] == 2 and raw["format"] == "hir-weights"
+    assert json.loads((model_dir / "lineage.json").read_text()) == {"neighbourhoods": 3}
+    assert [m["step"] for m in read_metrics(model_dir)] == [1, 2]
+    loaded = load_model(model_dir)
+    torch.testing.assert_close(loaded.encoder(data.users), embeddings)  # serving encoder = the teacher
+    assert loaded.version == "v1" and loaded.config == tiny_config
+    assert torch.equal(loaded.quantiser.encode(embeddings), quantiser.encode(embeddings))
+
+
+def test_a_pickle_with_code_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    model_dir = write_model_dir(tmp_path / "v1", {"step": 1}, {})
+    torch.save({"step": 1, "payload": NotAWeight()}, model_dir / "weights.pt")
+    with pytest.raises(ValueError, match=r"checkpoint .*weights.pt is not a weights-only HIR checkpoint"):
+        load_weights(model_dir)
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_tampered_and_foreign_files_are_refused(tmp_path: Path) -> None:
+    model_dir = write_model_dir(tmp_path / "v1", {"student": OrderedDict(w=torch.ones(2))}, {})
+    weights = model_dir / "weights.pt"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])  # truncated on copy
+    with pytest.raises(ValueError, match="is not a weights-only HIR checkpoint"):
+        load_weights(model_dir)
+    weights.write_bytes(pickle.dumps({"step": 1}))  # a plain pickle, not a torch zip
+    with pytest.raises(ValueError, match="is not a weights-only HIR checkpoint"):
+        load_weights(weights)
+    torch.save({"state_dict": torch.ones(1)}, weights)  # a valid torch file that is not ours
+    with pytest.raises(ValueError, match="no 'hir-weights' format marker"):
+        load_weights(weights)
+    with pytest.raises(FileNotFoundError):
+        load_weights(tmp_path / "missing")
+
+
+def test_an_existing_version_is_never_overwritten(tmp_path: Path) -> None:
+    write_model_dir(tmp_path / "v1", {"step": 1}, {"model": "first"})
+    with pytest.raises(FileExistsError, match="model version .*v1 already exists"):
+        write_model_dir(tmp_path / "v1", {"step": 2}, {"model": "second"})
+    assert json.loads((tmp_path / "v1" / "config.json").read_text()) == {"model": "first"}
+
+
+def test_a_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
+    with pytest.raises(TypeError):
+        write_model_dir(tmp_path / "v1", {"step": 1}, {"not json": object()})
+    assert os.listdir(tmp_path) == []
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(
+    tmp_path: Path, tiny_config: ModelConfig, data
+) -> None:
+    # dropout on, so the restored global RNG state matters as much as the view generator's
+    config = ModelConfig.from_dict({**tiny_config.to_dict(), "dropout": 0.1})
+    steps = batches(data, 6, seed=3)
+    uninterrupted = Trainer(config, TRAIN, device="cpu")
+    uninterrupted.fit(steps)
+
+    first_half = Trainer(config, TRAIN, device="cpu")
+    first_half.fit(steps[:3])
+    first_half.save(tmp_path / "step-3")
+    torch.manual_seed(999)  # whatever happens in between must not matter
+    resumed = Trainer.resume(tmp_path / "step-3", device="cpu")
+    assert resumed.step == 3
+    resumed.fit(steps[3:])
+
+    assert resumed.step == uninterrupted.step == 6
+    for name in ("student", "teacher", "student_head", "teacher_head"):
+        expected, actual = getattr(uninterrupted, name).state_dict(), getattr(resumed, name).state_dict()
+        for key in expected:
+            assert torch.equal(actual[key], expected[key]), f"{name}.{key}"
+    torch.testing.assert_close(resumed.center, uninterrupted.center, rtol=0, atol=1e-6)
+    assert [m["loss"] for m in resumed.history] == pytest.approx([m["loss"] for m in uninterrupted.history])

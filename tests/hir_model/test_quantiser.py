@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hir_model.quantiser import (
+    ResidualQuantiser,
+    code_entropy,
+    code_usage,
+    collision_rate,
+    purity,
+    quantiser_report,
+)
+
+
+def gaussian_clusters(num_clusters: int = 8, per_cluster: int = 40, dim: int = 16, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.randn(num_clusters, dim, generator=generator) * 5.0
+    labels = torch.arange(num_clusters).repeat_interleave(per_cluster)
+    points = centres[labels] + 0.1 * torch.randn(len(labels), dim, generator=generator)
+    return points, labels
+
+
+def test_level_zero_recovers_well_separated_clusters() -> None:
+    points, labels = gaussian_clusters()
+    quantiser = ResidualQuantiser(levels=2, codes_per_level=8, seed=0).fit(points)
+    codes = quantiser.encode(points)
+    assert codes.shape == (len(points), 2)
+    assert purity(codes[:, 0], labels) == pytest.approx(1.0)
+    assert code_usage(codes, 8)[0] == pytest.approx(1.0)
+    nats, normalised = code_entropy(codes, 8)[0]
+    assert nats == pytest.approx(math.log(8), abs=1e-6) and normalised == pytest.approx(1.0)
+
+
+def test_collision_rate_counts_entities_sharing_a_full_path() -> None:
+    assert collision_rate(torch.tensor([[0, 1], [0, 2], [1, 1]])) == 0.0
+    assert collision_rate(torch.tensor([[0, 1], [0, 1], [1, 1], [2, 2]])) == pytest.approx(0.5)
+    # Points built as parent centre + one of 4 shared offsets: 4 x 4 codes give each of the 16 points its own path.
+    generator = torch.Generator().manual_seed(0)
+    parents, offsets = torch.randn(4, 8, generator=generator) * 10.0, torch.randn(4, 8, generator=generator)
+    points = (parents[:, None, :] + offsets[None, :, :]).reshape(16, 8) + 0.01 * torch.randn(
+        16, 8, generator=generator
+    )
+    codes = ResidualQuantiser(levels=2, codes_per_level=4, seed=0).fit(points).encode(points)
+    assert collision_rate(codes) == 0.0
+    assert collision_rate(codes[:, :1]) == 1.0, "level 0 alone puts 4 points on every path"
+    report = quantiser_report(codes, 4)
+    assert report["collision_rate"] == 0.0 and len(report["usage"]) == 2
+
+
+def test_purity_against_labels_the_codes_ignore() -> None:
+    codes = torch.tensor([0, 0, 1, 1])
+    assert purity(codes, torch.tensor([5, 5, 6, 6])) == 1.0
+    assert purity(codes, torch.tensor([5, 6, 5, 6])) == 0.5
+
+
+def test_bag_weights_sum_to_one_per_level_and_rank_the_hard_code_first() -> None:
+    points, _ = gaussian_clusters(dim=8)
+    quantiser = ResidualQuantiser(levels=3, codes_per_level=8, seed=1).fit(points)
+    codes, weights = quantiser.bag(points, top_n=3, temperature=0.5)
+    assert codes.shape == weights.shape == (len(points), 3, 3)
+    torch.testing.assert_close(weights.sum(dim=2), torch.ones(len(points), 3))
+    assert (weights[:, :, :-1] >= weights[:, :, 1:]).all(), "weights are ranked strongest first"
+    assert torch.equal(codes[:, :, 0], quantiser.encode(points))
+
+
+def test_residual_levels_reduce_reconstruction_error() -> None:
+    points, _ = gaussian_clusters(num_clusters=6, per_cluster=30, dim=8, seed=2)
+    one = ResidualQuantiser(levels=1, codes_per_level=4, seed=0).fit(points)
+    three = ResidualQuantiser(levels=3, codes_per_level=4, seed=0).fit(points)
+    error_one = (one.reconstruct(one.encode(points)) - points).pow(2).sum(1).mean()
+    error_three = (three.reconstruct(three.encode(points)) - points).pow(2).sum(1).mean()
+    assert error_three < 0.5 * error_one
+
+
+def test_fit_is_deterministic_and_round_trips_weights_only(tmp_path) -> None:
+    points, _ = gaussian_clusters(dim=8)
+    first = ResidualQuantiser(levels=2, codes_per_level=8, seed=3).fit(points)
+    second = ResidualQuantiser(levels=2, codes_per_level=8, seed=3).fit(points)
+    assert torch.equal(first.codebooks, second.codebooks)
+    first.save(tmp_path / "quantiser.pt")
+    loaded = ResidualQuantiser.load(tmp_path / "quantiser.pt")  # torch.load(weights_only=True) inside
+    assert torch.equal(loaded.encode(points), first.encode(points))
+
+
+def test_too_few_points_and_unfitted_use_are_refused() -> None:
+    with pytest.raises(ValueError, match="N >= codes_per_level=8"):
+        ResidualQuantiser(codes_per_level=8).fit(torch.randn(5, 3))
+    with pytest.raises(RuntimeError, match="not fitted"):
+        ResidualQuantiser().encode(torch.randn(5, 3))
