@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 from jobs.common.errors import HirError
@@ -91,6 +92,9 @@ def get_spark(
     builder = SparkSession.builder.appName(app_name)
     under_submit = given.contains("spark.master")
     if not under_submit:
+        # Python workers (pandas UDFs) must run the driver's interpreter, i.e. the project's virtualenv,
+        # not whatever `python3` is first on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.master(os.environ.get("HIR_SPARK_MASTER", "local[*]"))
         builder = builder.config("spark.driver.memory", os.environ.get("HIR_DRIVER_MEMORY", "4g"))
     jar_names: list[str] = []
