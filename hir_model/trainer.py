@@ -13,7 +13,8 @@ which would otherwise make the positive trivially identifiable. Embeddings are s
 DINO): it sees the full neighbourhood and, as an average of recent students, is the steadier network.
 
 A loader is any iterable of (users TokenBatch, pos_items TokenBatch, item_log_pop (B,) tensor), row i of
-pos_items being an item user i converted on.
+pos_items being an item user i converted on; a fourth element `is_pair` (B,) bool, when present, marks the rows
+that are such pairs, and the other rows then train the distillation only (entities without conversions).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from hir_model.distillation import (
 from hir_model.encoder import HIREncoder
 from hir_model.quantiser import ResidualQuantiser
 
-Loader = Iterable[tuple[TokenBatch, TokenBatch, Tensor]]
+Loader = Iterable[tuple[TokenBatch, TokenBatch, Tensor] | tuple[TokenBatch, TokenBatch, Tensor, Tensor]]
 
 
 def default_device() -> torch.device:
@@ -111,8 +112,14 @@ class Trainer:
 
     # -- training ------------------------------------------------------------------------------------------
 
-    def train_step(self, users: TokenBatch, pos_items: TokenBatch, item_log_pop: Tensor) -> dict[str, Any]:
-        """One optimisation step; returns the step's metrics (JSON-ready)."""
+    def train_step(
+        self, users: TokenBatch, pos_items: TokenBatch, item_log_pop: Tensor, is_pair: Tensor | None = None
+    ) -> dict[str, Any]:
+        """One optimisation step; returns the step's metrics (JSON-ready).
+
+        `is_pair` (B,) bool: rows whose pos_items row is a conversion of the user; only those enter the retrieval
+        loss (in-batch negatives from the other pairs). Default: every row is a pair.
+        """
         cfg, tc = self.model_config, self.train_config
         users, pos_items = users.to(self.device), pos_items.to(self.device)
         item_log_pop = item_log_pop.to(self.device)
@@ -138,9 +145,29 @@ class Trainer:
             self.student_head(student_items), teacher_logits_items, self.center, *temps
         )
         distill = (distill_users + distill_items) / 2
-        retrieval = retrieval_loss(
-            student_users, student_items, item_log_pop, cfg.retrieval_temp, item_ids=pos_items.node_id[:, 0]
-        )
+        if is_pair is None:
+            retrieval = retrieval_loss(
+                student_users,
+                student_items,
+                item_log_pop,
+                cfg.retrieval_temp,
+                item_ids=pos_items.node_id[:, 0],
+            )
+            num_pairs = users.batch_size
+        else:
+            is_pair = is_pair.to(self.device)
+            num_pairs = int(is_pair.sum())
+            if num_pairs == 0:
+                # A batch without conversions has no retrieval term (a cross-entropy over no rows is NaN).
+                retrieval = student_users.sum() * 0.0
+            else:
+                retrieval = retrieval_loss(
+                    student_users[is_pair],
+                    student_items[is_pair],
+                    item_log_pop[is_pair],
+                    cfg.retrieval_temp,
+                    item_ids=pos_items.node_id[is_pair, 0],
+                )
         loss = cfg.distill_weight * distill + cfg.retrieval_weight * retrieval
 
         self.optimizer.zero_grad(set_to_none=True)
@@ -169,6 +196,7 @@ class Trainer:
             "distill_users": float(distill_users.detach()),
             "distill_items": float(distill_items.detach()),
             "retrieval": float(retrieval.detach()),
+            "pairs": num_pairs,
             "grad_norm": float(grad_norm),
             "lr": lr,
             "momentum": momentum,
@@ -194,8 +222,8 @@ class Trainer:
         done: list[dict[str, Any]] = []
         if remaining <= 0:
             return done
-        for users, pos_items, item_log_pop in loader:
-            metrics = self.train_step(users, pos_items, item_log_pop)
+        for batch in loader:
+            metrics = self.train_step(*batch)
             done.append(metrics)
             if on_metrics is not None:
                 on_metrics(metrics)

@@ -11,6 +11,14 @@ from jobs.common.args import run_job
 # Subcommand -> job module (each has main(argv) -> int).
 COMMANDS: dict[str, str] = {
     "ingest": "jobs.ingest_events",
+    "build-graph": "jobs.build_graph",
+    "sample-neighbourhoods": "jobs.sample_neighbourhoods",
+    "enrich": "jobs.enrich_entities",
+    "train": "jobs.train_encoder",
+    "embed": "jobs.embed_entities",
+    "build-index": "jobs.build_index",
+    "query": "jobs.query_index",
+    "sql": "jobs.sql",
 }
 
 

@@ -164,13 +164,33 @@ SYNTHETIC_TRUTH = TableSpec(
 
 NODES = TableSpec(
     name="nodes",
-    doc="Graph nodes of day ds: dense-enough int64 ids, stable across days for the same (type, raw id).",
+    doc=(
+        "Graph nodes of day ds (every node with at least one edge in the window). node_id is a 64-bit hash of "
+        "(source, node_type, raw_id): stable across days and runs, never 0 (the padding id)."
+    ),
     schema=StructType(
         [
-            _col("node_id", LongType(), "64-bit hash of (node_type, raw_id); stable across days.", False),
+            _col(
+                "node_id",
+                LongType(),
+                "xxhash64 of (source, node_type, raw_id); stable across days; 0 is never used (padding).",
+                False,
+            ),
+            _col("source", StringType(), "Source the node comes from; part of the node's key.", False),
             _col("node_type", StringType(), "user, item, advertiser or category.", False),
-            _col("raw_id", StringType(), "Raw id in the source, for joins back.", False),
-            _col("degree", LongType(), "Number of distinct outgoing edges before the degree cap.", False),
+            _col(
+                "raw_id",
+                StringType(),
+                "Id in the source, for joins back: user_id, item_id, brand (advertiser), category_id (leaf "
+                "category) or a category_code prefix such as 'appliances.kitchen' (parent category).",
+                False,
+            ),
+            _col(
+                "degree",
+                LongType(),
+                "Outgoing edges of the node before the degree cap, all edge types together.",
+                False,
+            ),
             DS,
         ]
     ),
@@ -180,7 +200,10 @@ NODES = TableSpec(
 
 EDGES = TableSpec(
     name="edges",
-    doc="Directed typed edges of day ds with funnel- and recency-weighted weights.",
+    doc=(
+        "Directed typed edges of day ds over the window [ds - lookback, ds]; every edge has its reverse. At most "
+        "degree_cap edges per (src, edge_type) are kept, the heaviest."
+    ),
     schema=StructType(
         [
             _col("src", LongType(), "Source node id.", False),
@@ -191,19 +214,35 @@ EDGES = TableSpec(
             _col(
                 "funnel",
                 StringType(),
-                "'upper' or 'deep' for interaction edges, 'attribute' otherwise.",
+                "'upper' (view, favourite) or 'deep' (cart, purchase) for user-item edges, 'attribute' otherwise.",
                 False,
             ),
-            _col("weight", DoubleType(), "Sum over events of stage weight x recency decay.", False),
             _col(
-                "event_count", LongType(), "Number of events behind the edge (1 for attribute edges).", False
+                "weight",
+                DoubleType(),
+                "User-item: sum over events of stage weight x 0.5^(age days / half-life). Attribute edges: the "
+                "same sum over every event of the member side (the item, or all items under the child category).",
+                False,
             ),
-            _col("first_time", TimestampType(), "First event time behind the edge."),
-            _col("last_time", TimestampType(), "Last event time behind the edge."),
             _col(
-                "rank_in_src",
+                "event_count",
+                LongType(),
+                "Events behind the weight (user-item: events of that user, item and stage).",
+                False,
+            ),
+            _col("first_time", TimestampType(), "First event time behind the edge.", False),
+            _col("last_time", TimestampType(), "Last event time behind the edge.", False),
+            _col(
+                "recency_bucket",
                 IntegerType(),
-                "Rank of the edge among src's edges by weight (degree cap).",
+                "Days from the last event's day to ds, bucketed: 0-7 one bucket per day, then quarter-octaves "
+                "(8: 8-9 days ... 14: 23-26), 15: 27 days or more.",
+                False,
+            ),
+            _col(
+                "rank_in_type",
+                IntegerType(),
+                "Rank of the edge among src's edges of the same edge type, by weight then dst (1 = heaviest).",
                 False,
             ),
             DS,
@@ -226,9 +265,11 @@ NEIGHBOURHOODS = TableSpec(
             _col("node_id", LongType(), "Target node id.", False),
             _col("node_type", StringType(), "Target node type.", False),
             _col("raw_id", StringType(), "Target raw id.", False),
+            _col("source", StringType(), "Target's source (with raw_id, the key to join back).", False),
             _col(
                 "num_tokens", IntegerType(), "Real tokens including the target; the rest is padding.", False
             ),
+            _col("num_hop1", IntegerType(), "Hop-1 tokens (positions 1 .. num_hop1).", False),
             _col("token_node_id", ArrayType(LongType(), False), "Node id per token (0 for padding).", False),
             _col(
                 "token_node_type",
@@ -239,17 +280,24 @@ NEIGHBOURHOODS = TableSpec(
             _col(
                 "token_edge_type",
                 _INT_ARRAY,
-                "Edge type code linking the token to its parent (1 = self).",
+                "Edge type code linking the token to its parent (1 = self, 0 = pad).",
                 False,
             ),
             _col("token_hop", _INT_ARRAY, "0 for the target, 1 or 2 for neighbours, 0 for padding.", False),
             _col(
                 "token_parent_pos",
                 _INT_ARRAY,
-                "Position of the parent token; -1 for target and padding.",
+                "Position of the parent token (0 for hop 1, a hop-1 position for hop 2); -1 for target and "
+                "padding.",
                 False,
             ),
-            _col("token_recency", _INT_ARRAY, "Recency bucket of the edge (0 = most recent day).", False),
+            _col(
+                "token_recency",
+                _INT_ARRAY,
+                "Recency bucket of the edge (edges.recency_bucket: 0 = last event on ds, 15 = 27+ days ago); 0 "
+                "for target and padding.",
+                False,
+            ),
             _col(
                 "token_weight",
                 ArrayType(FloatType(), False),
@@ -258,6 +306,12 @@ NEIGHBOURHOODS = TableSpec(
             ),
             _col(
                 "token_is_deep", ArrayType(BooleanType(), False), "True when the edge is deep funnel.", False
+            ),
+            _col(
+                "sample_seed",
+                LongType(),
+                "Seed of the hash-based sampling keys (with ds): the same seed gives the same sample.",
+                False,
             ),
             DS,
         ]

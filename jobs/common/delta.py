@@ -91,6 +91,24 @@ def write_table(
     return table_version(spark, spec, warehouse)
 
 
+def merge_table(df: DataFrame, spec: TableSpec, warehouse: str | Path, keys: tuple[str, ...]) -> int:
+    """Upsert `df` into the table on `keys` (update matched rows, insert the rest); return the new version."""
+    from delta.tables import DeltaTable
+
+    spark = df.sparkSession
+    path = ensure_table(spark, spec, warehouse)
+    condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(conform(df, spec).alias("s"), condition)
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+    return table_version(spark, spec, warehouse)
+
+
 def table_exists(spark: SparkSession, spec: TableSpec, warehouse: str | Path) -> bool:
     from delta.tables import DeltaTable
 

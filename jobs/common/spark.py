@@ -118,5 +118,16 @@ def get_spark(
 
     check_versions(pyspark.__version__, jar_names)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("HIR_SPARK_LOG_LEVEL", "WARN"))
+    level = os.environ.get("HIR_SPARK_LOG_LEVEL", "WARN")
+    spark.sparkContext.setLogLevel(level)
+    _quiet_query_context_logs(level)
     return spark
+
+
+def _quiet_query_context_logs(level: str) -> None:
+    """pyspark 4 logs every analysis error as a multi-line JSON record before raising it; jobs report errors as
+    one line themselves, so keep that record only when debugging (HIR_SPARK_LOG_LEVEL=INFO or DEBUG)."""
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = level.upper() not in ("INFO", "DEBUG", "ALL")

@@ -1,0 +1,372 @@
+"""Training data: the day's neighbourhood rows read from an exact list of Parquet files, and the batches built from
+them. No Spark here: the training job resolves a Delta snapshot to its files and hands them over.
+
+Two readers sit behind one small interface (`RowReader.read(files, columns) -> columns as numpy arrays`):
+
+* `PetastormReader`: petastorm's `make_batch_reader` over the file URLs (the pipeline's default, DESIGN.md), and
+* `PyarrowReader`: `pyarrow.parquet`, file by file.
+
+Both return the same arrays, so the trainer never depends on one library (tests/hir_model/test_data.py).
+
+Determinism: the rows are put in a canonical order (sorted by target node id) after reading, so the batches depend
+only on the rows, the batch size and the seed: not on the reader, the file order or how Spark split the day into
+files. Each epoch is a seeded permutation; batch k of the run is a pure function of (rows, pairs, seed, k), which
+is what makes `--resume` exact.
+
+Memory trade-off: the whole day's neighbourhood rows are held in memory (about 33 bytes per token: 64 tokens make
+~2 KB a row, so 1M target nodes take ~2 GB; content vectors add 4 bytes x content_dim per entity). That buys a true
+uniform shuffle and random access to each converted item's row. A day too large for one machine needs the
+pairs joined in Spark and streamed with a row-group shuffle instead (a buffer-limited, less uniform shuffle).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hir_model.batch import TOKEN_COLUMNS, ContentTable, TokenBatch, batch_from_columns
+
+# Columns of schemas.tables.NEIGHBOURHOODS the model reads (the partition column ds is not in the files).
+NEIGHBOURHOOD_COLUMNS: tuple[str, ...] = ("node_id", "node_type", "num_tokens", *TOKEN_COLUMNS)
+# Columns of schemas.tables.ENTITY_CONTENT the model reads.
+CONTENT_COLUMNS: tuple[str, ...] = ("node_id", "vector")
+
+# In-memory dtypes: the table's own widths (int32 codes), widened to int64 only per batch by batch_from_columns.
+_DTYPES: dict[str, type] = {
+    "node_id": np.int64,
+    "num_tokens": np.int32,
+    "token_node_id": np.int64,
+    "token_node_type": np.int32,
+    "token_edge_type": np.int32,
+    "token_hop": np.int32,
+    "token_parent_pos": np.int32,
+    "token_recency": np.int32,
+    "token_weight": np.float32,
+    "token_is_deep": np.bool_,
+    "vector": np.float32,
+}
+
+
+def file_url(path: str) -> str:
+    """An absolute URL for a file: `/x` and Hadoop's `file:/x` become `file:///x`; other schemes pass through."""
+    parsed = urlparse(path)
+    if parsed.scheme in ("", "file"):
+        return "file://" + parsed.path
+    return path
+
+
+# -- readers ---------------------------------------------------------------------------------------------------
+
+
+class RowReader(Protocol):
+    """Reads every row of `files`, in file order, as one numpy array per column.
+
+    Scalar columns come back as (N,) arrays, list columns of equal length as (N, L) arrays, strings as object
+    arrays. An empty file list gives empty columns.
+    """
+
+    name: str
+
+    def read(self, files: Sequence[str], columns: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+
+def _as_column(name: str, chunks: list[np.ndarray]) -> np.ndarray:
+    """Concatenate per-batch arrays of one column; list columns become 2-D, with the column's in-memory dtype."""
+    dtype = _DTYPES.get(name)
+    parts = []
+    for chunk in chunks:
+        if chunk.dtype == object and len(chunk) and isinstance(chunk[0], np.ndarray | list):
+            chunk = np.stack([np.asarray(v) for v in chunk]) if len(chunk) else chunk
+        parts.append(chunk)
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return np.zeros(0, dtype=dtype or object)
+    try:
+        column = np.concatenate(parts)
+    except ValueError as err:
+        raise ValueError(f"column {name}: rows have different list lengths across files") from err
+    if dtype is not None:
+        return column.astype(dtype, copy=False)
+    # Strings: petastorm gives fixed-width numpy strings, pyarrow Python objects; settle on objects.
+    return column.astype(object) if column.dtype.kind in "US" else column
+
+
+class PyarrowReader:
+    """pyarrow.parquet, one file after another; each file's footer is checked for the columns first."""
+
+    name = "pyarrow"
+
+    def read(self, files: Sequence[str], columns: Sequence[str]) -> dict[str, np.ndarray]:
+        import pyarrow.fs as pafs
+        import pyarrow.parquet as pq
+
+        chunks: dict[str, list[np.ndarray]] = {c: [] for c in columns}
+        for url in files:
+            fs, path = pafs.FileSystem.from_uri(file_url(url))
+            with fs.open_input_file(path) as handle:
+                table = pq.ParquetFile(handle).read(columns=list(columns))
+            for name in columns:
+                chunks[name].append(_arrow_to_numpy(table.column(name)))
+        return {name: _as_column(name, parts) for name, parts in chunks.items()}
+
+
+def _arrow_to_numpy(column) -> np.ndarray:
+    """A (chunked) Arrow column as numpy: fixed-length lists as (N, L) without a Python loop."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+        values = column.flatten().to_numpy(zero_copy_only=False)
+        if len(lengths) and (lengths == lengths[0]).all():
+            return values.reshape(len(lengths), int(lengths[0]) if len(lengths) else 0)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        out = np.empty(len(lengths), dtype=object)
+        out[:] = [values[offsets[i] : offsets[i + 1]] for i in range(len(lengths))]
+        return out
+    return column.to_numpy(zero_copy_only=False)
+
+
+class PetastormReader:
+    """petastorm's make_batch_reader over the exact file URLs, one row group per batch, in file order.
+
+    Settings that work with pyarrow 14 and keep the order: the dummy pool (rows decoded in this thread, in order;
+    the thread pool yields row groups as they finish), no row-group shuffle (we shuffle after canonical sorting),
+    one epoch.
+    """
+
+    name = "petastorm"
+
+    def read(self, files: Sequence[str], columns: Sequence[str]) -> dict[str, np.ndarray]:
+        chunks: dict[str, list[np.ndarray]] = {c: [] for c in columns}
+        if files:
+            from petastorm import make_batch_reader
+
+            with warnings.catch_warnings():
+                # petastorm 0.12 calls pyarrow's legacy ParquetDataset API, deprecated (not broken) in pyarrow 14.
+                warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                with make_batch_reader(
+                    [file_url(f) for f in files],
+                    schema_fields=list(columns),
+                    reader_pool_type="dummy",
+                    workers_count=1,
+                    shuffle_row_groups=False,
+                    num_epochs=1,
+                ) as reader:
+                    for batch in reader:
+                        values = batch._asdict()
+                        for name in columns:
+                            chunks[name].append(np.asarray(values[name]))
+        return {name: _as_column(name, parts) for name, parts in chunks.items()}
+
+
+READERS: dict[str, type] = {"petastorm": PetastormReader, "pyarrow": PyarrowReader}
+
+
+def make_reader(name: str) -> RowReader:
+    if name not in READERS:
+        raise ValueError(f"unknown loader '{name}' (choose from {', '.join(READERS)})")
+    return READERS[name]()
+
+
+def parquet_row_counts(files: Sequence[str]) -> list[int]:
+    """Rows per file from the Parquet footers (no data read)."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    counts = []
+    for url in files:
+        fs, path = pafs.FileSystem.from_uri(file_url(url))
+        with fs.open_input_file(path) as handle:
+            counts.append(pq.ParquetFile(handle).metadata.num_rows)
+    return counts
+
+
+# -- the day's rows ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NeighbourhoodRows:
+    """The day's neighbourhood rows in canonical order (sorted by target node id, which is unique per day)."""
+
+    node_id: np.ndarray  # (N,) int64, sorted
+    node_type: np.ndarray  # (N,) object (str): user, item, advertiser, category
+    columns: dict[str, np.ndarray]  # num_tokens (N,) and the token columns (N, L)
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, np.ndarray]) -> NeighbourhoodRows:
+        missing = [c for c in NEIGHBOURHOOD_COLUMNS if c not in columns]
+        if missing:
+            raise ValueError(f"neighbourhood columns missing: {', '.join(missing)}")
+        node_id = np.asarray(columns["node_id"], dtype=np.int64)
+        order = np.argsort(node_id, kind="stable")
+        node_id = node_id[order]
+        duplicated = node_id[1:][node_id[1:] == node_id[:-1]]
+        if len(duplicated):
+            raise ValueError(f"node {int(duplicated[0])} has more than one neighbourhood row in the day")
+        tokens = {c: np.asarray(columns[c])[order] for c in ("num_tokens", *TOKEN_COLUMNS)}
+        if len(node_id) and tokens["token_node_id"].ndim != 2:
+            raise ValueError(
+                "token arrays have different lengths: neighbourhood rows must be padded to max_tokens"
+            )
+        return cls(node_id, np.asarray(columns["node_type"], dtype=object)[order], tokens)
+
+    def __len__(self) -> int:
+        return len(self.node_id)
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.columns["token_node_id"].shape[1]) if len(self) else 0
+
+    def index_of(self, node_ids: np.ndarray) -> np.ndarray:
+        """Row index per node id, -1 where the node has no row."""
+        node_ids = np.asarray(node_ids, dtype=np.int64)
+        if not len(self):
+            return np.full(node_ids.shape, -1, dtype=np.int64)
+        pos = np.searchsorted(self.node_id, node_ids).clip(max=len(self) - 1)
+        return np.where(self.node_id[pos] == node_ids, pos, -1)
+
+    def batch(self, rows: np.ndarray, content: ContentTable | None = None) -> TokenBatch:
+        batch = batch_from_columns({c: v[rows] for c, v in self.columns.items()})
+        return content.attach(batch) if content is not None else batch
+
+
+def read_neighbourhoods(reader: RowReader, files: Sequence[str]) -> NeighbourhoodRows:
+    return NeighbourhoodRows.from_columns(reader.read(files, NEIGHBOURHOOD_COLUMNS))
+
+
+def read_content(reader: RowReader, files: Sequence[str]) -> ContentTable | None:
+    """entity_content's (node_id, vector) as a ContentTable; None when the table has no rows."""
+    columns = reader.read(files, CONTENT_COLUMNS)
+    if not len(columns["node_id"]):
+        return None
+    if columns["vector"].ndim != 2:
+        raise ValueError("entity_content vectors have different lengths: one encoder per table")
+    return ContentTable(columns["node_id"], columns["vector"])
+
+
+# -- training pairs and batches ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingPairs:
+    """(user row, converted item row) pairs of the day, sorted by (user, item) node id, with logQ per pair."""
+
+    user_row: np.ndarray  # (P,) int64 rows of NeighbourhoodRows
+    item_row: np.ndarray  # (P,) int64
+    item_log_pop: (
+        np.ndarray
+    )  # (P,) float32: log share of the item among the pairs (logQ of in-batch sampling)
+    missing: int  # conversions dropped because the user or the item has no neighbourhood row that day
+
+    def __len__(self) -> int:
+        return len(self.user_row)
+
+
+def make_pairs(rows: NeighbourhoodRows, user_ids: np.ndarray, item_ids: np.ndarray) -> TrainingPairs:
+    """Distinct (user, item) conversions whose both ends have a neighbourhood row, in canonical order."""
+    user_ids = np.asarray(user_ids, dtype=np.int64)
+    item_ids = np.asarray(item_ids, dtype=np.int64)
+    if len(user_ids):
+        distinct = np.unique(np.stack([user_ids, item_ids], axis=1), axis=0)  # sorted by (user, item)
+        user_ids, item_ids = distinct[:, 0], distinct[:, 1]
+    user_row, item_row = rows.index_of(user_ids), rows.index_of(item_ids)
+    found = (user_row >= 0) & (item_row >= 0)
+    user_row, item_row = user_row[found], item_row[found]
+    _, item_index, counts = np.unique(item_row, return_inverse=True, return_counts=True)
+    log_pop = np.log(counts / max(len(item_row), 1)).astype(np.float32)[item_index] if len(item_row) else []
+    return TrainingPairs(
+        user_row, item_row, np.asarray(log_pop, dtype=np.float32), missing=int((~found).sum())
+    )
+
+
+class TrainingBatches:
+    """The trainer's loader: batches (users, pos_items, item_log_pop, is_pair) for steps [start_step, steps), of
+    at most batch_size rows.
+
+    An epoch is a seeded shuffle of slots: one slot per conversion pair (user row, converted item row), and one
+    slot per two rows that are in no pair (users without conversions, items nobody converted on, categories,
+    advertisers), so every entity of the day is trained by the distillation and each conversion by the
+    retrieval objective once per epoch. `is_pair` marks the pair slots; the trainer's retrieval loss only sees
+    those, with in-batch negatives taken from the other pairs of the batch.
+    """
+
+    def __init__(
+        self,
+        rows: NeighbourhoodRows,
+        pairs: TrainingPairs,
+        batch_size: int,
+        steps: int,
+        seed: int,
+        content: ContentTable | None = None,
+        start_step: int = 0,
+    ) -> None:
+        if batch_size < 1 or steps < 0:
+            raise ValueError("batch_size must be >= 1 and steps >= 0")
+        if len(rows) < 2:
+            raise ValueError(f"need at least 2 neighbourhood rows to train, got {len(rows)}")
+        self.rows, self.pairs, self.content = rows, pairs, content
+        self.batch_size, self.steps, self.seed, self.start_step = batch_size, steps, seed, start_step
+        in_pairs = np.zeros(len(rows), dtype=bool)
+        in_pairs[pairs.user_row] = True
+        in_pairs[pairs.item_row] = True
+        self.unpaired = np.flatnonzero(~in_pairs)  # rows trained by distillation only
+        self.slots_per_epoch = len(pairs) + math.ceil(len(self.unpaired) / 2)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return math.ceil(self.slots_per_epoch / self.batch_size)
+
+    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(user rows, item rows, logQ, is_pair) of every slot of the epoch, in the epoch's shuffled order."""
+        rng = np.random.default_rng([self.seed, epoch])
+        unpaired = rng.permutation(self.unpaired)
+        if len(unpaired) % 2:  # the odd row out is paired with a random other row, so every row is seen
+            unpaired = np.append(unpaired, rng.choice(len(self.rows)))
+        users = np.concatenate([self.pairs.user_row, unpaired[0::2]])
+        items = np.concatenate([self.pairs.item_row, unpaired[1::2]])
+        log_pop = np.concatenate([self.pairs.item_log_pop, np.zeros(len(unpaired) // 2, dtype=np.float32)])
+        is_pair = np.arange(len(users)) < len(self.pairs)
+        order = rng.permutation(len(users))
+        return users[order], items[order], log_pop[order], is_pair[order]
+
+    def __iter__(self) -> Iterator[tuple[TokenBatch, TokenBatch, Tensor, Tensor]]:
+        per_epoch = self.batches_per_epoch
+        epoch, plan = -1, None
+        for step in range(self.start_step, self.steps):
+            if step // per_epoch != epoch:
+                epoch = step // per_epoch
+                plan = self._epoch(epoch)
+            # Balanced batches (sizes differ by at most one): a last batch of one or two rows would make a noisy
+            # step and an in-batch softmax without negatives.
+            index = step % per_epoch
+            start = index * self.slots_per_epoch // per_epoch
+            end = (index + 1) * self.slots_per_epoch // per_epoch
+            users, items, log_pop, is_pair = (a[start:end] for a in plan)
+            yield (
+                self.rows.batch(users, self.content),
+                self.rows.batch(items, self.content),
+                torch.from_numpy(log_pop.copy()),
+                torch.from_numpy(is_pair.copy()),
+            )
+
+    def __len__(self) -> int:
+        return max(self.steps - self.start_step, 0)
+
+
+def row_batches(
+    rows: NeighbourhoodRows, batch_size: int, content: ContentTable | None = None
+) -> Iterator[TokenBatch]:
+    """Every row once, in canonical order, for embedding the day's entities."""
+    for start in range(0, len(rows), batch_size):
+        yield rows.batch(np.arange(start, min(start + batch_size, len(rows))), content)

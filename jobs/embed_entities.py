@@ -1,0 +1,373 @@
+"""Run the trained encoder over a day's neighbourhoods: the daily `embeddings`, `bom_tokens` and `bom_vocab`.
+
+    hir embed --ds 2017-12-03 --warehouse warehouse/taobao
+    spark-submit --conf spark.executor.resource.gpu.amount=1 --conf spark.task.resource.gpu.amount=1 \
+        jobs/embed_entities.py --ds 2017-12-03 --warehouse warehouse/taobao --model warehouse/taobao/models/<version>
+
+The model is loaded once per Python worker (udfs/embed.py) and runs on the task's GPU when Spark assigned one,
+on any CUDA device otherwise, else on CPU. Every row of `neighbourhoods` for `ds` gets exactly one embedding and
+its Bag-of-Meaning tokens; a rerun replaces the day. Table properties and commit metadata record the model
+version and the Delta versions read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
+from jobs.common.delta import read_table, table_exists, table_version, write_table
+from jobs.common.errors import HirError
+from jobs.common.spark import get_spark
+from jobs.common.stage import StageLog
+from schemas.tables import BOM_TOKENS, BOM_VOCAB, EMBEDDINGS, ENTITIES, ENTITY_CONTENT, NEIGHBOURHOODS, NODES
+from udfs.embed import OUTPUT_SCHEMA, EmbedSpec, embed_partitions
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    ds: dt.date
+    warehouse: str = "warehouse"
+    model: str | None = None
+    batch_size: int = 256
+    arrow_batch_size: int = 2048
+    device: str = "auto"
+    precision: str = "auto"
+    top_n: int = 3
+    temperature: float = 0.1
+    label_terms: int = 3
+    allow_collapsed: bool = False
+
+
+@dataclass(frozen=True)
+class EmbedReport:
+    entities: int
+    model_version: str
+    versions: dict[str, int]
+
+
+def build_parser() -> JobArgumentParser:
+    p = JobArgumentParser(prog="hir embed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ds", type=parse_ds, required=True, help="Day to embed (YYYY-MM-DD).")
+    add_warehouse_flag(p)
+    p.add_argument(
+        "--model",
+        help="Model version directory. Default: the newest one under <warehouse>/models, which is what the "
+        "train stage of the same pipeline run just wrote.",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=256,
+        help="Rows per forward pass: 256 x 64 tokens keeps CPU attention in cache-friendly sizes; raise it on GPU.",
+    )
+    p.add_argument(
+        "--arrow-batch-size",
+        type=int,
+        default=2048,
+        help="Rows per Arrow batch handed to the Python worker: several forward passes per transfer amortise "
+        "the serialisation cost (see bench/embed_throughput.py).",
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (task GPU, else CUDA, else CPU), cpu, cuda or cuda:N."
+    )
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="auto = bf16 autocast on CUDA (embeddings are re-normalised in fp32), fp32 on CPU where bf16 is slow.",
+    )
+    p.add_argument(
+        "--top-n", type=int, default=3, help="Tokens per level in a bag: the runner-ups carry meaning."
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.1,
+        help="Softmax temperature of the soft assignment; 0.1 on unit vectors separates near ties without making "
+        "every bag one-hot.",
+    )
+    p.add_argument(
+        "--allow-collapsed",
+        action="store_true",
+        help="Embed with a model whose training collapsed (diagnosis only).",
+    )
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None) -> EmbedConfig:
+    a = build_parser().parse_args(argv)
+    if a.batch_size <= 0 or a.arrow_batch_size <= 0 or a.top_n <= 0 or a.temperature <= 0:
+        raise HirError("--batch-size, --arrow-batch-size, --top-n and --temperature must be positive")
+    return EmbedConfig(
+        a.ds,
+        a.warehouse,
+        a.model,
+        a.batch_size,
+        a.arrow_batch_size,
+        a.device,
+        a.precision,
+        a.top_n,
+        a.temperature,
+    )
+
+
+def resolve_model_dir(warehouse: str, model: str | None) -> Path:
+    """The model version directory to use; one-line error when there is none."""
+    if model:
+        path = Path(model)
+        if not (path / "weights.pt").is_file():
+            raise HirError(f"model directory {path} has no weights.pt: not a trained model version")
+        return path
+    root = Path(warehouse) / "models"
+    # Dot-folders are the trainer's run state and atomic-write staging, never a published version.
+    versions = sorted(
+        (p for p in root.glob("*") if not p.name.startswith(".") and (p / "weights.pt").is_file()),
+        key=lambda p: (p.stat().st_mtime, p.name),
+    )
+    if not versions:
+        raise HirError(f"no trained model under {root}: run `hir train` first or pass --model")
+    return versions[-1]
+
+
+def check_not_collapsed(model_dir: Path, allow: bool) -> None:
+    """Refuse a model whose training summary says it collapsed: its embeddings carry no information."""
+    from hir_model.checkpoint import read_metrics
+
+    metrics = read_metrics(model_dir)
+    summary = metrics[-1] if metrics and metrics[-1].get("summary") else {}
+    if summary.get("collapsed") and not allow:
+        raise HirError(
+            f"model {model_dir.name} collapsed in training: retrain, or pass --allow-collapsed to embed anyway"
+        )
+
+
+def bom_tokens(embedded: DataFrame, levels: int, top_n: int) -> DataFrame:
+    """One row per (entity, level, rank). Token 'L<level>:<c0>.<c1>...<c_level>' names a code path, so a level-l
+    token lives under exactly one level-(l-1) token; weights sum to 1 per entity and level."""
+    hard = F.transform(F.sequence(F.lit(0), F.lit(levels - 1)), lambda i: F.col("bom_codes")[i * top_n])
+    base = embedded.select(
+        "node_type",
+        "node_id",
+        "raw_id",
+        "model_version",
+        hard.alias("hard"),
+        F.posexplode(F.arrays_zip("bom_codes", "bom_weights")).alias("pos", "pair"),
+    )
+    level = F.floor(F.col("pos") / top_n).cast("int")
+    prefix = F.transform(F.slice("hard", 1, level), lambda c: c.cast("string"))
+    token = F.concat(
+        F.lit("L"),
+        level.cast("string"),
+        F.lit(":"),
+        F.array_join(F.concat(prefix, F.array(F.col("pair.bom_codes").cast("string"))), "."),
+    )
+    return base.select(
+        F.col("node_type").alias("entity_type"),
+        "node_id",
+        "raw_id",
+        level.alias("bom_level"),
+        token.alias("token"),
+        F.col("pair.bom_weights").alias("weight"),
+        ((F.col("pos") % top_n) + 1).cast("int").alias("rank"),
+        F.array_join("hard", ".").alias("path"),
+        "model_version",
+    )
+
+
+def parent_token(token: Column, level: Column) -> Column:
+    """'L2:3.17.5' -> 'L1:3.17'; null at level 0."""
+    body = F.regexp_extract(token, r"^L[0-9]+:(.*)\.[0-9]+$", 1)
+    return F.when(level > 0, F.concat(F.lit("L"), (level - 1).cast("string"), F.lit(":"), body))
+
+
+def descriptors(nodes: DataFrame, entities: DataFrame, neighbourhoods: DataFrame) -> DataFrame:
+    """(node_id, term): what an entity is about in words. Items: leaf taxonomy and brand; advertisers and
+    categories: their own name; users: the terms of the items in their hop-1 neighbourhood."""
+    from jobs.enrich_entities import words
+
+    items = nodes.where("node_type = 'item'").join(
+        entities.select(
+            "source", F.col("entity_id").alias("raw_id"), "category_id", "category_code", "brand"
+        ),
+        ["source", "raw_id"],
+    )
+    leaf = F.coalesce(
+        F.element_at(F.split(words(F.col("category_code")), " "), -1),
+        F.concat(F.lit("category "), F.col("category_id")),
+    )
+    item_terms = items.select(
+        "node_id",
+        F.explode(
+            F.filter(
+                F.array(leaf, F.when(F.col("brand").isNotNull(), F.concat(F.lit("brand "), F.col("brand")))),
+                lambda t: t.isNotNull(),
+            )
+        ).alias("term"),
+    )
+    named = nodes.where("node_type IN ('advertiser', 'category')").select(
+        "node_id",
+        F.when(F.col("node_type") == "advertiser", F.concat(F.lit("brand "), F.col("raw_id")))
+        .otherwise(words(F.col("raw_id")))
+        .alias("term"),
+    )
+    user_items = (
+        neighbourhoods.where("node_type = 'user'")
+        .select("node_id", F.explode(F.arrays_zip("token_node_id", "token_hop")).alias("t"))
+        .where("t.token_hop = 1")
+        .select("node_id", F.col("t.token_node_id").alias("item_id"))
+    )
+    user_terms = user_items.join(item_terms.withColumnRenamed("node_id", "item_id"), "item_id").select(
+        "node_id", "term"
+    )
+    return item_terms.unionByName(named).unionByName(user_terms).distinct()
+
+
+def bom_vocab(tokens: DataFrame, terms: DataFrame, label_terms: int) -> DataFrame:
+    """Every token of the day with its parent, its member count (entities whose exact path passes through it)
+    and a label made of the terms most shared by those members."""
+    members = tokens.where("rank = 1").select("token", "node_id")
+    sizes = members.groupBy("token").agg(F.count(F.lit(1)).cast("long").alias("size"))
+    counts = (
+        members.join(terms, "node_id").groupBy("token", "term").agg(F.countDistinct("node_id").alias("n"))
+    )
+    best = Window.partitionBy("token").orderBy(F.desc("n"), "term")
+    labels = (
+        counts.withColumn("r", F.row_number().over(best))
+        .where(F.col("r") <= label_terms)
+        .groupBy("token")
+        .agg(
+            F.array_join(
+                F.transform(F.array_sort(F.collect_list(F.struct("r", "term"))), lambda x: x["term"]), " | "
+            ).alias("label")
+        )
+    )
+    vocab = tokens.select("token", "bom_level", "model_version").distinct()
+    return (
+        vocab.join(sizes, "token", "left")
+        .join(labels, "token", "left")
+        .select(
+            "token",
+            "bom_level",
+            parent_token(F.col("token"), F.col("bom_level")).alias("parent_token"),
+            F.coalesce("size", F.lit(0)).cast("long").alias("size"),
+            F.coalesce("label", F.lit("unlabelled")).alias("label"),
+            "model_version",
+        )
+    )
+
+
+def _snapshot_files(spark: SparkSession, warehouse: str) -> tuple[tuple[str, ...], int | None]:
+    if not table_exists(spark, ENTITY_CONTENT, warehouse):
+        return (), None
+    version = table_version(spark, ENTITY_CONTENT, warehouse)
+    files = read_table(spark, ENTITY_CONTENT, warehouse, version=version).inputFiles()
+    return tuple(sorted(files)), version
+
+
+def embed(spark: SparkSession, cfg: EmbedConfig) -> EmbedReport:
+    """Embed every neighbourhood row of `ds` and write the three daily tables."""
+    from hir_model.checkpoint import load_model
+    from jobs.enrich_entities import latest_entities
+
+    log = StageLog("embed", {"ds": str(cfg.ds)})
+    model_dir = resolve_model_dir(cfg.warehouse, cfg.model)
+    check_not_collapsed(model_dir, cfg.allow_collapsed)
+    model = load_model(model_dir)
+    if model.quantiser is None:
+        raise HirError(f"model {model_dir} has no quantiser: retrain with the current `hir train`")
+    levels = model.quantiser.levels
+    n_version = table_version(spark, NEIGHBOURHOODS, cfg.warehouse)
+    rows = read_table(spark, NEIGHBOURHOODS, cfg.warehouse, version=n_version).where(
+        F.col("ds") == F.lit(cfg.ds)
+    )
+    content_files, content_version = _snapshot_files(spark, cfg.warehouse)
+    spec = EmbedSpec(
+        model_dir=str(model_dir.resolve()),
+        content_files=content_files,
+        batch_size=cfg.batch_size,
+        device=cfg.device,
+        precision=cfg.precision,
+        top_n=cfg.top_n,
+        temperature=cfg.temperature,
+    )
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(cfg.arrow_batch_size))
+    embedded = (
+        rows.mapInPandas(embed_partitions(spec), OUTPUT_SCHEMA)
+        .withColumn("model_version", F.lit(model.version))
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    try:
+        n_rows = rows.count()
+        n_embedded = embedded.count()
+        if n_rows == 0:
+            raise HirError(f"no neighbourhoods for ds {cfg.ds}: run sample-neighbourhoods first")
+        if n_embedded != n_rows:
+            raise HirError(
+                f"embedded {n_embedded} of {n_rows} neighbourhood rows: refusing to write a partial day"
+            )
+        lineage = json.dumps(
+            {
+                "model_version": model.version,
+                "model_dir": str(model_dir),
+                "neighbourhoods_version": n_version,
+                "entity_content_version": content_version,
+            }
+        )
+        day = f"ds = DATE'{cfg.ds}'"
+        with_day = lambda df: df.withColumn("ds", F.lit(cfg.ds))  # noqa: E731
+        versions = {
+            "embeddings": write_table(
+                with_day(
+                    embedded.select(
+                        F.col("node_type").alias("entity_type"),
+                        "node_id",
+                        "raw_id",
+                        "vector",
+                        "model_version",
+                    )
+                ),
+                EMBEDDINGS,
+                cfg.warehouse,
+                day,
+                user_metadata=lineage,
+            )
+        }
+        tokens = bom_tokens(embedded, levels, cfg.top_n).persist(StorageLevel.MEMORY_AND_DISK)
+        versions["bom_tokens"] = write_table(
+            with_day(tokens), BOM_TOKENS, cfg.warehouse, day, user_metadata=lineage
+        )
+        nodes = read_table(spark, NODES, cfg.warehouse).where(F.col("ds") == F.lit(cfg.ds))
+        entities = latest_entities(read_table(spark, ENTITIES, cfg.warehouse), cfg.ds)
+        terms = descriptors(nodes, entities, rows)
+        vocab = bom_vocab(tokens, terms, cfg.label_terms)
+        versions["bom_vocab"] = write_table(
+            with_day(vocab), BOM_VOCAB, cfg.warehouse, day, user_metadata=lineage
+        )
+        tokens.unpersist()
+    finally:
+        embedded.unpersist()
+    log.counts.update(rows_in=n_rows, rows_out=n_embedded, model_version=model.version)
+    log.emit()
+    return EmbedReport(entities=n_embedded, model_version=model.version, versions=versions)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = config_from_args(argv)
+    report = embed(get_spark("hir-embed"), cfg)
+    print(
+        f"embed {cfg.ds}: {report.entities} entities with model {report.model_version}; versions {report.versions}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_job(main))

@@ -1,0 +1,1 @@
+"""Graph building blocks shared by `build_graph` and `sample_neighbourhoods`."""

@@ -1,0 +1,936 @@
+"""Train the HIR encoder on a day's neighbourhoods and write a versioned model directory.
+
+    hir train --ds 2026-01-07 --warehouse warehouse/synthetic
+    hir train --ds 2026-01-07 --warehouse warehouse/synthetic --epochs 3 --batch-size 256 --dim 64 --loader pyarrow
+    hir train --ds 2026-01-07 --warehouse warehouse/synthetic --version 2026-01-07-nightly --resume
+    spark-submit --jars .jars/delta-spark_4.0_2.13-4.4.0.jar,.jars/delta-storage-4.4.0.jar \
+      jobs/train_encoder.py --ds 2017-12-03 --warehouse warehouse/taobao --device cuda
+
+Inputs, each pinned to one Delta version (default: the latest) and recorded in the model's lineage:
+`neighbourhoods` (the day's partition), `edges` (the day's cart/purchase edges are the retrieval positives, its
+item_in_category edges the labels of the purity metric) and `entity_content` (content vectors, when the table
+exists). Spark only resolves the snapshot to its exact Parquet files (refusing tables with deletion vectors, which
+raw Parquet reads would undo) and collects the positives; the rows reach PyTorch through petastorm
+(`--loader petastorm`, default) or pyarrow (`--loader pyarrow`), which give identical batches (hir_model.data).
+
+Training: every conversion pair (user, converted item) trains the in-batch retrieval objective with popularity
+correction, and every entity of the day (users without conversions, items, categories, advertisers included)
+trains the cross-view distillation. A stderr progress line, a JSON-lines metrics log in the run folder
+(`<model-dir>/.runs/<version>/metrics.jsonl`), checkpoints every --checkpoint-every steps there, and `--resume`
+continuing the last checkpoint exactly. After training the residual quantiser (BoM codebooks) is fitted on the
+teacher embeddings of the day's entities; its usage/entropy/collision metrics and the purity of the items'
+level-0 codes against their categories go into the last line of metrics.jsonl (`"summary": true`).
+
+Output: `<model-dir>/<version>/` (weights.pt loadable with torch.load(weights_only=True), config.json,
+quantiser.pt, metrics.jsonl, lineage.json), written atomically; an existing version is never overwritten. The
+default version name hashes the flags, the input versions and the code version, so a rerun of the same training
+finds its model and does nothing; a name given with --version that exists is refused. A run whose distillation
+collapsed (loss stuck at ln K, one prototype for everything) is still written, for diagnosis, but reported as
+COLLAPSED with exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import unquote
+
+import numpy as np
+import torch
+
+from hir_model.checkpoint import read_metrics, write_model_dir
+from hir_model.config import ModelConfig, TrainConfig
+from hir_model.data import (
+    NeighbourhoodRows,
+    TrainingBatches,
+    file_url,
+    make_pairs,
+    make_reader,
+    parquet_row_counts,
+    read_content,
+    read_neighbourhoods,
+    row_batches,
+)
+from hir_model.quantiser import ResidualQuantiser, purity, quantiser_report
+from hir_model.trainer import Trainer
+from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
+from jobs.common.errors import HirError
+from jobs.common.spark import PROJECT_ROOT
+from jobs.common.stage import StageLog
+
+RUNS_DIR = ".runs"  # under the model root: work folders of runs in progress (checkpoints, live metrics log)
+POSITIVE_EDGE_TYPES = ("user_cart_item", "user_purchase_item")  # deep funnel, user -> item
+# Local day ds ends by ds+1 12:00 UTC in every time zone (the westmost is UTC-12); an edge of the day's graph whose
+# last event is later than ds+1 14:00 UTC (2 h of slack) comes from after the training day.
+_LATEST_OFFSET = dt.timedelta(days=1, hours=14)
+# faiss trains k-means on at most 256 points per centroid (max_points_per_centroid): more adds time, not quality.
+_POINTS_PER_CODE = 256
+_EMBED_BATCH = 1024  # rows per forward pass when embedding the day (inference only: no activations kept)
+# Half the cores: the Spark driver JVM shares the machine, and on a 2-core box 2 torch threads ran a training step
+# 8x slower than 1 (6.3 s vs 0.8 s, measured on the shared 2-core CI box).
+DEFAULT_THREADS = max(1, (os.cpu_count() or 2) // 2)
+
+
+@dataclass(frozen=True)
+class TrainJobConfig:
+    ds: dt.date
+    warehouse: str = "warehouse"
+    model_root: str | None = None  # default <warehouse>/models
+    version: str | None = None  # default: ds + hash of config and inputs
+    neighbourhoods_version: int | None = None
+    edges_version: int | None = None
+    content_version: int | None = None
+    use_content: bool = True
+    steps: int | None = None  # default: epochs x batches per epoch
+    epochs: int = 10
+    batch_size: int = TrainConfig.batch_size
+    lr: float = TrainConfig.lr
+    seed: int = 0
+    checkpoint_every: int | None = None  # default: a tenth of the run
+    resume: bool = False
+    loader: str = "petastorm"
+    device: str = "auto"
+    threads: int = DEFAULT_THREADS
+    dim: int = ModelConfig.dim
+    layers: int = ModelConfig.layers
+    heads: int = ModelConfig.heads
+    prototypes: int = ModelConfig.num_prototypes
+    id_buckets: int = ModelConfig.id_buckets
+    levels: int = 3
+    codes_per_level: int | None = None  # default: min(256, sqrt(entities))
+    progress: bool | None = None  # default: when stderr is a terminal, a live line; else a line every 5%
+
+    @property
+    def models(self) -> Path:
+        return Path(self.model_root) if self.model_root else Path(self.warehouse) / "models"
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the trained weights (not where they are written, how they are read, or on which device)."""
+        keep = (
+            "ds",
+            "use_content",
+            "steps",
+            "epochs",
+            "batch_size",
+            "lr",
+            "seed",
+            "dim",
+            "layers",
+            "heads",
+            "prototypes",
+            "id_buckets",
+            "levels",
+            "codes_per_level",
+        )
+        values = asdict(self)
+        return {k: str(values[k]) if k == "ds" else values[k] for k in keep}
+
+
+# -- flags ---------------------------------------------------------------------------------------------------
+
+
+def _non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError
+    return number
+
+
+_non_negative.__name__ = "non-negative integer"
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError
+    return number
+
+
+_positive.__name__ = "positive integer"
+
+
+def build_parser() -> JobArgumentParser:
+    p = JobArgumentParser(prog="hir train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ds", type=parse_ds, required=True, help="Day to train on (YYYY-MM-DD).")
+    add_warehouse_flag(p)
+    p.add_argument(
+        "--model-dir",
+        help="Root of the model versions. Default <warehouse>/models: models sit beside the tables they were "
+        "trained on, and the embed stage finds them without another flag.",
+    )
+    p.add_argument(
+        "--version",
+        help="Name of the model version. Default <ds>-<hash of flags, input table versions and code version>: "
+        "a rerun of the same training finds its model and is a no-op (or continues with --resume), any change "
+        "gets a new name. A name given here that exists is refused: versions are never overwritten.",
+    )
+    g = p.add_argument_group("inputs (Delta versions; default: the latest, recorded in the lineage)")
+    g.add_argument(
+        "--neighbourhoods-version", type=_non_negative, help="Version of `neighbourhoods` to read."
+    )
+    g.add_argument("--edges-version", type=_non_negative, help="Version of `edges` (positives, categories).")
+    g.add_argument("--content-version", type=_non_negative, help="Version of `entity_content`.")
+    g.add_argument(
+        "--no-content",
+        action="store_true",
+        help="Ignore entity_content (ablation). By default content vectors are used whenever the table exists.",
+    )
+    g = p.add_argument_group("training")
+    length = g.add_mutually_exclusive_group()
+    length.add_argument(
+        "--epochs",
+        type=_positive,
+        default=10,
+        help="Passes over the day (every conversion pair and every entity once per pass). Default 10: the model "
+        "is retrained daily from scratch, and the planted-interest test recovers its clusters in ~20 passes of "
+        "600 users; real days have far more rows per pass.",
+    )
+    length.add_argument("--steps", type=_positive, help="Optimisation steps instead of --epochs.")
+    g.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=TrainConfig.batch_size,
+        help=f"Rows per step (default {TrainConfig.batch_size}, TrainConfig's): the retrieval softmax takes its "
+        "negatives from the other conversion pairs of the batch, so bigger is better while memory allows.",
+    )
+    g.add_argument(
+        "--lr",
+        type=float,
+        default=TrainConfig.lr,
+        help=f"Peak AdamW learning rate (default {TrainConfig.lr:g}: DINO's 5e-4, with warm-up and cosine decay).",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="Seeds weight init, dropout, the student views, the batch order and the quantiser: same seed, "
+        "same inputs, same model.",
+    )
+    g.add_argument(
+        "--checkpoint-every",
+        type=_non_negative,
+        help="Save a resumable checkpoint every N steps; 0 = never. Default: a tenth of the run, so a kill "
+        "loses at most 10%% of the work (only the latest checkpoint is kept).",
+    )
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="Continue this version's interrupted run from its latest checkpoint; the result equals an "
+        "uninterrupted run. Without it an interrupted run of the same version is discarded and restarted.",
+    )
+    g = p.add_argument_group("execution")
+    g.add_argument(
+        "--loader",
+        choices=("petastorm", "pyarrow"),
+        default="petastorm",
+        help="Parquet reader feeding PyTorch. Default petastorm (the pipeline's standard, reads HDFS/S3 URLs); "
+        "pyarrow gives identical batches without it.",
+    )
+    g.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto: the GPU when torch sees one (flex attention), else the CPU (SDPA path, same maths).",
+    )
+    g.add_argument(
+        "--threads",
+        type=_positive,
+        default=DEFAULT_THREADS,
+        help=f"torch intra-op threads on CPU. Default half the cores ({DEFAULT_THREADS} here): the Spark driver "
+        "JVM shares the machine, and on a 2-core box 2 threads ran a step 8x slower than 1 (6.3 s vs 0.8 s).",
+    )
+    g = p.add_argument_group("model and quantiser sizes")
+    g.add_argument(
+        "--dim",
+        type=_positive,
+        default=ModelConfig.dim,
+        help="Embedding size (default 128: FAISS/retrieval).",
+    )
+    g.add_argument(
+        "--layers",
+        type=_positive,
+        default=ModelConfig.layers,
+        help="Transformer layers (default 2: the tree has two hops).",
+    )
+    g.add_argument(
+        "--heads",
+        type=_positive,
+        default=ModelConfig.heads,
+        help="Attention heads (default 4: 32 dims each).",
+    )
+    g.add_argument(
+        "--prototypes",
+        type=_positive,
+        default=ModelConfig.num_prototypes,
+        help="DINO prototypes K (default 1024: a few times the fine interests expected). ln K is the loss of a "
+        "collapsed run.",
+    )
+    g.add_argument(
+        "--id-buckets",
+        type=_positive,
+        default=ModelConfig.id_buckets,
+        help="Hash buckets of the id embedding (default 2^18: millions of ids with two hashes).",
+    )
+    g.add_argument(
+        "--levels",
+        type=_positive,
+        default=3,
+        help="BoM quantiser levels, coarse to fine (default 3, as RQ-VAE/TIGER semantic ids).",
+    )
+    g.add_argument(
+        "--codes-per-level",
+        type=_positive,
+        help="Codes per level. Default min(256, sqrt(entities of the day)): level 0 then has about sqrt(N) "
+        "members per code, readable as an interest, and 256 (RQ-VAE/TIGER) caps it for large days.",
+    )
+    g.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="Force the live progress line on or off (default: on when stderr is a terminal, else a line every "
+        "5%% of the run).",
+    )
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
+    args = build_parser().parse_args(argv)
+    if not args.lr >= 0:
+        raise HirError("--lr must be >= 0")
+    if args.dim % args.heads:
+        raise HirError(f"--dim {args.dim} must be divisible by --heads {args.heads}")
+    if args.id_buckets < 2:
+        raise HirError("--id-buckets must be >= 2")
+    if args.prototypes < 2:
+        raise HirError("--prototypes must be >= 2")
+    if args.codes_per_level is not None and args.codes_per_level < 2:
+        raise HirError("--codes-per-level must be >= 2")
+    if args.version is not None and (not args.version or "/" in args.version or args.version.startswith(".")):
+        raise HirError(f"--version '{args.version}' must be a plain folder name")
+    return TrainJobConfig(
+        ds=args.ds,
+        warehouse=args.warehouse,
+        model_root=args.model_dir,
+        version=args.version,
+        neighbourhoods_version=args.neighbourhoods_version,
+        edges_version=args.edges_version,
+        content_version=args.content_version,
+        use_content=not args.no_content,
+        steps=args.steps,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        loader=args.loader,
+        device=args.device,
+        threads=args.threads,
+        dim=args.dim,
+        layers=args.layers,
+        heads=args.heads,
+        prototypes=args.prototypes,
+        id_buckets=args.id_buckets,
+        levels=args.levels,
+        codes_per_level=args.codes_per_level,
+        progress=args.progress,
+    )
+
+
+# -- inputs (Spark) ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    """One Delta table at one version (and day): the exact Parquet files that hold its rows."""
+
+    table: str
+    path: str
+    version: int
+    ds: str | None
+    files: tuple[str, ...]
+    rows: int
+
+    def lineage(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "path": self.path,
+            "version": self.version,
+            "ds": self.ds,
+            "rows": self.rows,
+            "files": list(self.files),
+        }
+
+
+@dataclass(frozen=True)
+class TrainingInputs:
+    """Everything training needs from Spark; the rest is read from the snapshot files without Spark."""
+
+    neighbourhoods: TableSnapshot
+    edges: dict[str, Any]  # path, version, ds, positives, positives_last_time
+    content: TableSnapshot | None
+    positive_users: np.ndarray  # (P,) int64 node ids: the day's distinct (user, item) cart/purchase edges
+    positive_items: np.ndarray
+    category_items: np.ndarray  # (C,) items with a category edge, and their heaviest category
+    category_ids: np.ndarray
+
+    def versions(self) -> dict[str, int | None]:
+        return {
+            "neighbourhoods": self.neighbourhoods.version,
+            "edges": self.edges["version"],
+            "entity_content": self.content.version if self.content else None,
+        }
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def table_snapshot(spark, spec, warehouse: str, version: int | None, ds: dt.date | None) -> TableSnapshot:
+    """Resolve a table (at `version`, default latest; the `ds` partition) to its files; refuse deletion vectors."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    from jobs.common.delta import read_table, table_path, table_version
+
+    path = table_path(warehouse, spec)
+    frame = read_table(spark, spec, warehouse)  # one-line HirError when the table does not exist
+    latest = table_version(spark, spec, warehouse)
+    version = latest if version is None else version
+    if version > latest:
+        raise HirError(f"table {spec.name} has no version {version} (latest is {latest})")
+    try:
+        frame = read_table(spark, spec, warehouse, version)
+        if ds is not None:
+            frame = frame.where(F.col("ds") == F.lit(ds))
+        files = tuple(sorted(file_url(unquote(f)) for f in frame.inputFiles()))
+        kept = {
+            file_url(unquote(r[0])): int(r[1])
+            for r in frame.groupBy(F.col("_metadata.file_path")).count().collect()
+        }
+    except AnalysisException as err:
+        raise HirError(f"table {spec.name} version {version}: {_first_line(err)}") from None
+    check_no_deletion_vectors(spark, spec.name, path, version, files, kept)
+    return TableSnapshot(spec.name, path, version, str(ds) if ds else None, files, sum(kept.values()))
+
+
+def check_no_deletion_vectors(
+    spark, name: str, path: str, version: int, files: Sequence[str], kept: dict[str, int]
+) -> None:
+    """Raw Parquet reads see rows a deletion vector removed: refuse a table that enables them, and any file whose
+    Parquet row count differs from the rows the Delta snapshot keeps of it."""
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    if (detail["properties"] or {}).get("delta.enableDeletionVectors", "false").lower() == "true":
+        raise HirError(
+            f"table {name} enables deletion vectors (delta.enableDeletionVectors): training reads its Parquet "
+            f"files directly and would bring deleted rows back; disable them and run REORG TABLE ... APPLY (PURGE)"
+        )
+    for file, rows in zip(files, parquet_row_counts(files), strict=True):
+        if kept.get(file, 0) != rows:
+            raise HirError(
+                f"table {name} version {version}: {file} holds {rows} rows but the snapshot keeps "
+                f"{kept.get(file, 0)} (deletion vectors); run REORG TABLE ... APPLY (PURGE) first"
+            )
+
+
+def positives_and_categories(
+    spark, warehouse: str, version: int | None, ds: dt.date
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The day's cart/purchase user->item edges (distinct pairs) and each item's heaviest category.
+
+    Refuses a graph whose deep-funnel edges have events after the training day: those belong to the
+    evaluation period, and training on them would leak the answers.
+    """
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    from jobs.common.delta import read_table, table_path, table_version
+    from schemas.tables import EDGES
+
+    read_table(spark, EDGES, warehouse)  # one-line HirError when missing
+    latest = table_version(spark, EDGES, warehouse)
+    version = latest if version is None else version
+    if version > latest:
+        raise HirError(f"table edges has no version {version} (latest is {latest})")
+    try:
+        edges = read_table(spark, EDGES, warehouse, version).where(F.col("ds") == F.lit(ds))
+        positives = (
+            edges.where(F.col("edge_type").isin(*POSITIVE_EDGE_TYPES))
+            .groupBy("src", "dst")
+            .agg(F.date_format(F.max("last_time"), "yyyy-MM-dd'T'HH:mm:ss").alias("last_time"))
+            .toPandas()
+        )
+        categories = (
+            edges.where(F.col("edge_type") == "item_in_category")
+            .groupBy("src")
+            .agg(F.max(F.struct(F.col("weight"), (-F.col("dst")).alias("neg_dst"))).alias("best"))
+            .select("src", (-F.col("best.neg_dst")).alias("category"))
+            .toPandas()
+        )
+    except AnalysisException as err:
+        raise HirError(f"table edges version {version}: {_first_line(err)}") from None
+    last_time = str(positives["last_time"].max()) if len(positives) else None
+    bound = (dt.datetime.combine(ds, dt.time()) + _LATEST_OFFSET).isoformat()
+    if last_time is not None and last_time >= bound:
+        leaked = int((positives["last_time"] >= bound).sum())
+        raise HirError(
+            f"edges version {version} for ds {ds}: {leaked} cart/purchase edges have events after the day "
+            f"(last {last_time}Z); the training graph must not contain the evaluation period"
+        )
+    lineage = {
+        "table": "edges",
+        "path": table_path(warehouse, EDGES),
+        "version": version,
+        "ds": str(ds),
+        "positive_edges": len(positives),
+        "positives_last_time": last_time,
+        "items_with_category": len(categories),
+    }
+    as_ids = lambda series: series.to_numpy(dtype=np.int64)  # noqa: E731
+    return (
+        lineage,
+        as_ids(positives["src"]),
+        as_ids(positives["dst"]),
+        as_ids(categories["src"]),
+        as_ids(categories["category"]),
+    )
+
+
+def resolve_inputs(spark, cfg: TrainJobConfig) -> TrainingInputs:
+    """Pin every input table to a version and resolve it to files (the only Spark work of the job)."""
+    from jobs.common.delta import table_exists
+    from schemas.tables import ENTITY_CONTENT, NEIGHBOURHOODS
+
+    neighbourhoods = table_snapshot(spark, NEIGHBOURHOODS, cfg.warehouse, cfg.neighbourhoods_version, cfg.ds)
+    if neighbourhoods.rows == 0:
+        raise HirError(
+            f"neighbourhoods version {neighbourhoods.version} has no rows for ds {cfg.ds}: run "
+            "sample_neighbourhoods for the day"
+        )
+    edges, users, items, cat_items, cat_ids = positives_and_categories(
+        spark, cfg.warehouse, cfg.edges_version, cfg.ds
+    )
+    content = None
+    if cfg.use_content and (
+        cfg.content_version is not None or table_exists(spark, ENTITY_CONTENT, cfg.warehouse)
+    ):
+        content = table_snapshot(spark, ENTITY_CONTENT, cfg.warehouse, cfg.content_version, None)
+    return TrainingInputs(neighbourhoods, edges, content, users, items, cat_items, cat_ids)
+
+
+# -- training (no Spark) -------------------------------------------------------------------------------------
+
+
+def code_version() -> str:
+    """The git commit of the code (with -dirty for uncommitted changes to tracked files), else 'unknown'."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def default_version(cfg: TrainJobConfig, inputs: TrainingInputs, code: str) -> str:
+    key = json.dumps([cfg.fingerprint(), inputs.versions(), code], sort_keys=True)
+    return f"{cfg.ds}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def refuse_existing(model_dir: Path) -> Path:
+    if model_dir.exists():
+        raise HirError(
+            f"model version {model_dir} already exists; versions are immutable: pass another --version"
+        )
+    return model_dir
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise HirError("--device cuda: torch sees no GPU on this machine")
+    return torch.device(name)
+
+
+def build_configs(
+    cfg: TrainJobConfig, rows: NeighbourhoodRows, content_dim: int, steps: int
+) -> tuple[ModelConfig, TrainConfig]:
+    """Model and optimiser settings: sizes from the flags, token length and content size from the data, and
+    warm-ups scaled to the run's length."""
+    model = ModelConfig(
+        id_buckets=cfg.id_buckets,
+        dim=cfg.dim,
+        heads=cfg.heads,
+        layers=cfg.layers,
+        max_tokens=rows.max_tokens,
+        content_dim=content_dim,
+        use_content=content_dim > 0,
+        num_prototypes=cfg.prototypes,
+        # DINO warms the teacher temperature up over 30% of training (30 of 100 epochs); 1000 steps at most.
+        teacher_temp_warmup_steps=min(ModelConfig.teacher_temp_warmup_steps, max(1, steps * 3 // 10)),
+        # The teacher averages about the last steps/10 students (momentum 1 - 10/steps), DINO's 0.996 at most:
+        # at 0.996 a 100-step run serves a teacher still 2/3 its random init (0.996^100). Measured on the synthetic
+        # day (3000 rows, 520 steps): item level-0 purity 0.44 with this rule vs 0.20 with 0.996 (chance 0.10).
+        ema_momentum_base=min(ModelConfig.ema_momentum_base, max(0.0, 1.0 - 10.0 / steps)),
+    )
+    train = TrainConfig(
+        lr=cfg.lr,
+        steps=steps,
+        batch_size=cfg.batch_size,
+        # Linear lr warm-up over 10% of a short run, TrainConfig's 100 steps at most.
+        warmup_steps=min(TrainConfig.warmup_steps, max(1, steps // 10)),
+        seed=cfg.seed,
+        checkpoint_every=cfg.checkpoint_every if cfg.checkpoint_every is not None else max(1, steps // 10),
+    )
+    return model, train
+
+
+class Progress:
+    """One stderr line: step, share, loss terms, prototype usage, speed, ETA. Live (\\r) on a terminal, else
+    printed every 5% of the run so logs stay short."""
+
+    def __init__(self, label: str, total: int, start: int, live: bool | None, stream: TextIO | None = None):
+        self.stream = stream or sys.stderr
+        self.label, self.total, self.start = label, total, start
+        self.live = self.stream.isatty() if live is None else live
+        self.every = max(1, total // 20)
+        self.started = time.perf_counter()
+
+    def update(self, metrics: dict[str, Any]) -> None:
+        step = metrics["step"]
+        if not self.live and step % self.every and step != self.total:
+            return
+        done = step - self.start
+        rate = done / max(time.perf_counter() - self.started, 1e-9)
+        eta = (self.total - step) / rate if rate > 0 else 0.0
+        line = (
+            f"[{self.label}] step {step}/{self.total} {100 * step / self.total:3.0f}% | loss {metrics['loss']:.3f} "
+            f"distill {metrics['distill']:.3f} (ln K {metrics['ln_k']:.2f}) retrieval {metrics['retrieval']:.3f} "
+            f"| usage {metrics['usage']:.2f} | {rate:.2f} step/s eta {eta:.0f}s"
+        )
+        if self.live:
+            end = "\n" if step == self.total else ""
+            print("\r" + line, end=end, file=self.stream, flush=True)
+        else:
+            print(line, file=self.stream, flush=True)
+
+
+def collapse_verdict(history: list[dict[str, Any]]) -> tuple[bool, str]:
+    """A run collapsed when most steps of its last tenth are flagged by collapse_report (distillation loss at
+    ln K after the teacher warm-up, or one prototype for every row)."""
+    if not history:
+        return False, "no steps"
+    window = history[-max(1, len(history) // 10) :]
+    flagged = sum(bool(m.get("collapsed")) for m in window)
+    distill = sum(m["distill"] for m in window) / len(window)
+    usage = sum(m["usage"] for m in window) / len(window)
+    detail = (
+        f"{flagged} of the last {len(window)} steps flagged; distill {distill:.4f} vs ln K "
+        f"{window[-1]['ln_k']:.4f}, prototype usage {usage:.4f}"
+    )
+    return flagged * 2 > len(window), detail
+
+
+@torch.no_grad()
+def embed_day(trainer: Trainer, rows: NeighbourhoodRows, content) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher embeddings (N, dim) of every row, and each row's winning prototype (centred, as in training)."""
+    embeddings, prototypes = [], []
+    trainer.teacher_head.eval()
+    for batch in row_batches(rows, _EMBED_BATCH, content):
+        embedding = trainer.embed(batch)
+        logits = trainer.teacher_head(embedding) - trainer.center
+        embeddings.append(embedding.float().cpu())
+        prototypes.append(logits.argmax(dim=-1).cpu())
+    return torch.cat(embeddings), torch.cat(prototypes)
+
+
+def quantise_day(
+    embeddings: torch.Tensor,
+    rows: NeighbourhoodRows,
+    inputs: TrainingInputs,
+    levels: int,
+    codes_per_level: int | None,
+    seed: int,
+) -> tuple[ResidualQuantiser, dict[str, Any]]:
+    """Fit the BoM quantiser on the day's embeddings; report usage, entropy, collisions (all entities and per type)
+    and the purity of the items' level-0 codes against their categories (with a shuffled-label chance level)."""
+    n = embeddings.shape[0]
+    codes = codes_per_level or min(256, max(2, math.isqrt(n)))
+    if codes > n:
+        raise HirError(f"--codes-per-level {codes} exceeds the {n} entities of the day")
+    generator = torch.Generator().manual_seed(seed)
+    sample = min(n, _POINTS_PER_CODE * codes)
+    fit_rows = torch.randperm(n, generator=generator)[:sample].sort().values
+    quantiser = ResidualQuantiser(levels=levels, codes_per_level=codes, seed=seed).fit(embeddings[fit_rows])
+    hard = quantiser.encode(embeddings)  # (N, levels)
+    report: dict[str, Any] = {
+        "levels": levels,
+        "codes_per_level": codes,
+        "fit_rows": sample,
+        **quantiser_report(hard, codes),
+        "by_type": {},
+    }
+    for node_type in sorted(set(rows.node_type.tolist())):
+        mask = torch.from_numpy(rows.node_type == node_type)
+        report["by_type"][node_type] = {"entities": int(mask.sum()), **quantiser_report(hard[mask], codes)}
+    item_rows = rows.index_of(inputs.category_items)
+    found = item_rows >= 0
+    if found.any():
+        level0 = hard[torch.from_numpy(item_rows[found]), 0]
+        labels = torch.from_numpy(inputs.category_ids[found])
+        shuffled = labels[torch.randperm(len(labels), generator=generator)]
+        report["item_category_purity"] = purity(level0, labels)
+        report["item_category_purity_chance"] = purity(level0, shuffled)
+        report["items_with_category"] = int(found.sum())
+    return quantiser, report
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    version: str
+    path: Path
+    steps: int
+    seconds: float
+    collapsed: bool
+    collapse_detail: str
+    summary: dict[str, Any]
+    reused: bool = False  # the derived version existed already: same flags, inputs and code, nothing trained
+
+    @classmethod
+    def of_existing(cls, path: Path) -> TrainReport:
+        summary = read_metrics(path)[-1]
+        return cls(
+            path.name,
+            path,
+            summary["steps"],
+            0.0,
+            summary["collapsed"],
+            summary["collapse_detail"],
+            summary,
+            True,
+        )
+
+    def line(self) -> str:
+        q = self.summary["quantiser"]
+        purity_text = (
+            f", item level-0 purity {q['item_category_purity']:.3f} (chance {q['item_category_purity_chance']:.3f})"
+            if "item_category_purity" in q
+            else ""
+        )
+        state = ("COLLAPSED" if self.collapsed else "ok") + (
+            ", existed already: nothing trained" if self.reused else ""
+        )
+        return (
+            f"model {self.version} [{state}]: {self.steps} steps in {self.seconds:.1f}s on "
+            f"{self.summary['rows']} rows / {self.summary['pairs']} conversion pairs; final loss "
+            f"{self.summary['final_loss']:.3f}, distill {self.summary['final_distill']:.3f} (ln K "
+            f"{self.summary['ln_k']:.3f}); quantiser {q['levels']}x{q['codes_per_level']} usage "
+            f"{[round(u, 3) for u in q['usage']]}, collisions {q['collision_rate']:.3f}{purity_text} -> {self.path}"
+        )
+
+
+def _latest_checkpoint(folder: Path) -> Path | None:
+    steps = sorted(folder.glob("step-*")) if folder.is_dir() else []
+    return steps[-1] if steps else None
+
+
+def start_or_resume(
+    resume: bool, version: str, run_dir: Path, run_key: dict[str, Any], device: torch.device
+) -> tuple[Trainer, int | None]:
+    """A fresh trainer in a fresh run folder, or (--resume) the run's latest checkpoint, refusing one that was
+    started with other settings. Returns the trainer and the step it resumed from (None when fresh)."""
+    checkpoints = run_dir / "checkpoints"
+    latest = _latest_checkpoint(checkpoints)
+    if resume:
+        if latest is None:
+            raise HirError(f"--resume: no checkpoint of version {version} under {checkpoints}")
+        saved = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
+        if saved != json.loads(json.dumps(run_key)):
+            raise HirError(
+                f"--resume: the run of version {version} was started with other flags or inputs; "
+                "resume it with the same ones"
+            )
+        trainer = Trainer.resume(latest, device=device)
+        return trainer, trainer.step
+    if run_dir.exists():
+        note = f" (last checkpoint {latest.name})" if latest else ""
+        print(
+            f"note: discarding an interrupted run of {version}{note}; pass --resume to continue one",
+            file=sys.stderr,
+        )
+        shutil.rmtree(run_dir)
+    checkpoints.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps(run_key, indent=2, sort_keys=True) + "\n")
+    model_config = ModelConfig.from_dict(run_key["model"])
+    return Trainer(model_config, TrainConfig.from_dict(run_key["train"]), device=device), None
+
+
+def fit_logged(trainer: Trainer, loader: TrainingBatches, run_dir: Path, progress: Progress) -> None:
+    """Train to the end, appending every step to the run's live metrics.jsonl (tail -f) and the progress line,
+    keeping only the latest checkpoint."""
+    checkpoints = run_dir / "checkpoints"
+    with open(run_dir / "metrics.jsonl", "w") as live:
+        for row in trainer.history:  # a resumed run's log starts with the steps it keeps
+            live.write(json.dumps(row, sort_keys=True) + "\n")
+        live.flush()
+
+        def on_metrics(metrics: dict[str, Any]) -> None:
+            live.write(json.dumps(metrics, sort_keys=True) + "\n")
+            live.flush()
+            progress.update(metrics)
+            # fit saves this step's checkpoint right after: drop all but the latest complete one.
+            for old in sorted(checkpoints.glob("step-*"))[:-1]:
+                shutil.rmtree(old, ignore_errors=True)
+
+        trainer.fit(loader, on_metrics=on_metrics, checkpoint_root=checkpoints)
+
+
+def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
+    """Read the snapshot files, train, fit the quantiser, write the model version. No Spark."""
+    started = time.perf_counter()
+    code = code_version()
+    version = cfg.version or default_version(cfg, inputs, code)
+    if cfg.version is None and (cfg.models / version).exists():
+        # The derived name covers flags, input versions and code: this model is what the run would train, so a
+        # rerun is a no-op (DESIGN: deterministic). A version named with --version is never reused or replaced.
+        return TrainReport.of_existing(cfg.models / version)
+    final = refuse_existing(cfg.models / version)
+    device = resolve_device(cfg.device)
+    torch.set_num_threads(cfg.threads)
+    log = StageLog("train", {"version": version, "loader": cfg.loader, "device": str(device)})
+
+    reader = make_reader(cfg.loader)
+    try:
+        rows = read_neighbourhoods(reader, inputs.neighbourhoods.files)
+        content = read_content(reader, inputs.content.files) if inputs.content else None
+    except ValueError as err:
+        raise HirError(f"neighbourhoods version {inputs.neighbourhoods.version}: {err}") from None
+    if len(rows) != inputs.neighbourhoods.rows:  # nothing lost between Delta and the reader
+        raise HirError(
+            f"{cfg.loader} read {len(rows)} rows from the snapshot files, Delta counts "
+            f"{inputs.neighbourhoods.rows}"
+        )
+    if len(rows) < 2:
+        raise HirError(f"neighbourhoods for ds {cfg.ds} has {len(rows)} row; training needs at least 2")
+    pairs = make_pairs(rows, inputs.positive_users, inputs.positive_items)
+    # The pair layout (and so batches per epoch) does not depend on the step count, only on rows and pairs.
+    layout = TrainingBatches(rows, pairs, cfg.batch_size, steps=0, seed=cfg.seed)
+    steps = cfg.steps or cfg.epochs * layout.batches_per_epoch
+    model_config, train_config = build_configs(cfg, rows, content.content_dim if content else 0, steps)
+
+    run_dir = cfg.models / RUNS_DIR / version
+    run_key = {
+        "fingerprint": cfg.fingerprint(),
+        "inputs": inputs.versions(),
+        "model": model_config.to_dict(),
+        "train": train_config.to_dict(),
+    }
+    trainer, resumed_from = start_or_resume(cfg.resume, version, run_dir, run_key, device)
+    loader = TrainingBatches(
+        rows, pairs, cfg.batch_size, steps, cfg.seed, content=content, start_step=trainer.step
+    )
+    fit_logged(trainer, loader, run_dir, Progress(version, steps, trainer.step, cfg.progress))
+
+    embeddings, winners = embed_day(trainer, rows, content)
+    collapsed, detail = collapse_verdict(trainer.history)
+    day_usage = winners.unique().numel() / model_config.num_prototypes
+    day_std = float(embeddings.std(dim=0).mean()) if len(embeddings) > 1 else 0.0
+    if len(embeddings) > 1 and winners.unique().numel() == 1:
+        collapsed, detail = True, detail + "; every entity of the day has the same prototype"
+    quantiser, quantiser_metrics = quantise_day(
+        embeddings, rows, inputs, cfg.levels, cfg.codes_per_level, cfg.seed
+    )
+    window = trainer.history[-max(1, len(trainer.history) // 10) :]
+    seconds = round(time.perf_counter() - started, 3)
+    summary = {
+        "summary": True,
+        "steps": trainer.step,
+        "epochs": round(trainer.step / layout.batches_per_epoch, 3),
+        "rows": len(rows),
+        "rows_by_type": {t: int((rows.node_type == t).sum()) for t in sorted(set(rows.node_type.tolist()))},
+        "pairs": len(pairs),
+        "pairs_missing_rows": pairs.missing,
+        "distill_only_rows": len(layout.unpaired),
+        "final_loss": sum(m["loss"] for m in window) / len(window),
+        "final_distill": sum(m["distill"] for m in window) / len(window),
+        "final_retrieval": sum(m["retrieval"] for m in window) / len(window),
+        "ln_k": math.log(model_config.num_prototypes),
+        "collapsed": collapsed,
+        "collapse_detail": detail,
+        "day_prototype_usage": day_usage,
+        "day_embedding_std": day_std,
+        "quantiser": quantiser_metrics,
+        "seconds": seconds,
+    }
+    lineage = {
+        "model_version": version,
+        "ds": str(cfg.ds),
+        "inputs": {
+            "neighbourhoods": inputs.neighbourhoods.lineage(),
+            "edges": inputs.edges,
+            "entity_content": inputs.content.lineage() if inputs.content else None,
+        },
+        "code_version": code,
+        "seed": cfg.seed,
+        "loader": cfg.loader,
+        "device": str(device),
+        "torch_version": torch.__version__,
+        "resumed_from_step": resumed_from,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    config = {
+        "model": model_config.to_dict(),
+        "train": train_config.to_dict(),
+        "quantiser": {k: quantiser_metrics[k] for k in ("levels", "codes_per_level", "fit_rows")},
+        "job": {k: str(v) if isinstance(v, dt.date) else v for k, v in asdict(cfg).items()},
+    }
+    try:
+        path = write_model_dir(
+            final, trainer.state(), config, trainer.history + [summary], lineage, quantiser
+        )
+    except FileExistsError as err:
+        raise HirError(str(err)) from None
+    shutil.rmtree(run_dir, ignore_errors=True)
+    log.counts.update(
+        rows_in=len(rows), pairs=len(pairs), steps=trainer.step, collapsed=collapsed, model=str(path)
+    )
+    log.emit()
+    return TrainReport(version, path, trainer.step, seconds, collapsed, detail, summary)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = config_from_args(argv)
+    if cfg.version:  # a named version that exists is refused before any Spark work
+        refuse_existing(cfg.models / cfg.version)
+    from jobs.common.spark import get_spark
+
+    spark = get_spark("hir-train")
+    inputs = resolve_inputs(spark, cfg)
+    report = train(cfg, inputs)
+    print(report.line())
+    if report.collapsed:
+        print(f"COLLAPSED: {report.collapse_detail}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_job(main))

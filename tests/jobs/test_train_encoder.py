@@ -1,0 +1,468 @@
+"""Training job: reads exactly the named Delta snapshot, writes a complete immutable model version, resumes exactly,
+refuses bad flags and deletion vectors in one line, and reports a collapsed run as collapsed.
+
+Spark is slow on the CI box, so one module fixture writes every table once and one job run (through main) is
+shared; the resume and collapse tests call the Spark-free `train` on inputs resolved once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DateType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from hir_model.checkpoint import load_model, load_quantiser, read_lineage, read_metrics
+from hir_model.data import PyarrowReader, read_neighbourhoods
+from hir_model.encoder import hash_node_ids
+from jobs import train_encoder
+from jobs.common.args import run_job
+from jobs.common.delta import table_path, write_table
+from jobs.common.errors import HirError
+from jobs.train_encoder import (
+    TableSnapshot,
+    TrainingInputs,
+    code_version,
+    config_from_args,
+    default_version,
+    positives_and_categories,
+    resolve_inputs,
+    table_snapshot,
+    train,
+)
+from schemas.codes import EDGE_TYPES, NODE_TYPES
+from schemas.tables import EDGES, ENTITY_CONTENT, NEIGHBOURHOODS, TableSpec
+
+DAY, NEXT_DAY, LEAKY_DAY = dt.date(2026, 1, 7), dt.date(2026, 1, 8), dt.date(2026, 1, 9)
+L = 10  # max_tokens of the fixture's neighbourhoods
+TINY = [  # trains a step in milliseconds; at dim 16 the untrained model already maps every row to one prototype
+    "--dim", "32", "--heads", "2", "--layers", "1", "--prototypes", "64", "--id-buckets", "1024",
+    "--batch-size", "8", "--steps", "4", "--checkpoint-every", "2", "--lr", "1e-4", "--levels", "2",
+    "--threads", "1", "--seed", "5",
+]  # fmt: skip
+
+
+def spec_row(spec, **values) -> tuple:
+    """A row in the spec's column order; columns the test does not care about get a neutral value."""
+    unknown = set(values) - set(spec.columns)
+    assert not unknown, f"{spec.name} has no column {unknown}"
+
+    def neutral(dtype):
+        if isinstance(dtype, StringType):
+            return "x"
+        if isinstance(dtype, BooleanType):
+            return False
+        if isinstance(dtype, ArrayType):
+            return []
+        if isinstance(dtype, DateType):
+            return DAY
+        if isinstance(dtype, TimestampType):
+            return dt.datetime(2026, 1, 7, 12, tzinfo=dt.UTC)
+        return 0
+
+    return tuple(values[f.name] if f.name in values else neutral(f.dataType) for f in spec.schema.fields)
+
+
+def tree_row(node_id: int, node_type: str, neighbours: list[tuple], ds: dt.date) -> tuple:
+    """A neighbourhoods row: target, then (node_id, type, edge type, hop, parent_pos, is_deep) tokens, padded."""
+    tokens = [(node_id, node_type, "self", 0, -1, False), *neighbours]
+    pad = L - len(tokens)
+    column = lambda i, fill: [t[i] for t in tokens] + [fill] * pad  # noqa: E731
+    return spec_row(
+        NEIGHBOURHOODS,
+        node_id=node_id,
+        node_type=node_type,
+        raw_id=str(node_id),
+        num_tokens=len(tokens),
+        num_hop1=sum(t[3] == 1 for t in tokens),
+        token_node_id=column(0, 0),
+        token_node_type=[NODE_TYPES[t[1]] for t in tokens] + [0] * pad,
+        token_edge_type=[EDGE_TYPES[t[2]] for t in tokens] + [0] * pad,
+        token_hop=column(3, 0),
+        token_parent_pos=column(4, -1),
+        token_recency=[0] * L,
+        token_weight=[0.0] + [1.0] * (len(tokens) - 1) + [0.0] * pad,
+        token_is_deep=column(5, False),
+        ds=ds,
+    )
+
+
+CATEGORY = {201: 301, 202: 301, 203: 301, 204: 302, 205: 302, 206: 302}
+CONVERSIONS = [
+    (101, 201),
+    (101, 202),
+    (102, 201),
+    (103, 204),
+    (104, 205),
+    (105, 201),
+    (107, 203),
+]  # 107: no row
+VIEWS = [(101, 203), (102, 204), (103, 205), (104, 206), (105, 206), (106, 202), (106, 203)]
+
+
+def day_rows(users, items, ds) -> list[tuple]:
+    rows = []
+    for u in users:
+        hop1 = [(i, "item", "user_view_item", 1, 0, False) for uu, i in VIEWS if uu == u and i in items]
+        hop1 += [(i, "item", "user_cart_item", 1, 0, True) for uu, i in CONVERSIONS if uu == u and i in items]
+        hop2 = [(CATEGORY[t[0]], "category", "item_in_category", 2, p + 1, False) for p, t in enumerate(hop1)]
+        rows.append(tree_row(u, "user", (hop1 + hop2)[: L - 1], ds))
+    for i in items:
+        hop1 = [(CATEGORY[i], "category", "item_in_category", 1, 0, False)]
+        hop1 += [(u, "user", "item_viewed_by_user", 1, 0, False) for u, ii in VIEWS if ii == i and u in users]
+        rows.append(tree_row(i, "item", hop1[: L - 1], ds))
+    for c in sorted(set(CATEGORY[i] for i in items)):
+        hop1 = [(i, "item", "category_has_item", 1, 0, False) for i in items if CATEGORY[i] == c]
+        rows.append(tree_row(c, "category", hop1, ds))
+    return rows
+
+
+def edge(src, dst, edge_type, ds, last=None, weight=1.0) -> tuple:
+    src_type, dst_type = edge_type.split("_")[0], edge_type.split("_")[-1]
+    return spec_row(
+        EDGES,
+        src=src,
+        dst=dst,
+        src_type=src_type,
+        dst_type=dst_type,
+        edge_type=edge_type,
+        funnel="deep" if "cart" in edge_type or "purchase" in edge_type else "upper",
+        weight=weight,
+        event_count=1,
+        first_time=dt.datetime.combine(ds, dt.time(8), tzinfo=dt.UTC),
+        last_time=last or dt.datetime.combine(ds, dt.time(9), tzinfo=dt.UTC),
+        ds=ds,
+    )
+
+
+USERS_A, ITEMS_A = [101, 102, 103, 104, 105, 106], [201, 202, 203, 204, 205, 206]
+USERS_B, ITEMS_B = [101, 102, 108], [201, 202]  # the day rewritten: different rows
+
+
+@pytest.fixture(scope="module")
+def tables(spark, tmp_path_factory):
+    """neighbourhoods: version a (the day + a row of the next day), version b (the day rewritten); edges;
+    entity_content. Returns (warehouse, version a, version b)."""
+    warehouse = tmp_path_factory.mktemp("train") / "warehouse"
+    rows_a = day_rows(USERS_A, ITEMS_A, DAY) + [tree_row(999, "user", [], NEXT_DAY)]
+    version_a = write_table(
+        spark.createDataFrame(rows_a, NEIGHBOURHOODS.schema), NEIGHBOURHOODS, warehouse, None
+    )
+    rows_b = day_rows(USERS_B, ITEMS_B, DAY)
+    version_b = write_table(
+        spark.createDataFrame(rows_b, NEIGHBOURHOODS.schema), NEIGHBOURHOODS, warehouse, f"ds = '{DAY}'"
+    )
+    edges = [edge(u, i, "user_cart_item", DAY) for u, i in CONVERSIONS]
+    edges += [edge(105, 201, "user_purchase_item", DAY)]  # cart and purchase of one pair: one positive
+    edges += [edge(u, i, "user_view_item", DAY) for u, i in VIEWS]
+    edges += [edge(i, c, "item_in_category", DAY, weight=5.0) for i, c in CATEGORY.items()]
+    edges += [edge(201, 302, "item_in_category", DAY, weight=1.0)]  # a lighter second category is ignored
+    late = dt.datetime.combine(LEAKY_DAY + dt.timedelta(days=3), dt.time(9), tzinfo=dt.UTC)
+    edges += [edge(101, 201, "user_purchase_item", LEAKY_DAY, last=late)]
+    write_table(spark.createDataFrame(edges, EDGES.schema), EDGES, warehouse, None)
+    content = [
+        spec_row(ENTITY_CONTENT, node_id=i, node_type="item", vector=[float(i % 4 == k) for k in range(4)])
+        for i in ITEMS_A
+    ]
+    write_table(spark.createDataFrame(content, ENTITY_CONTENT.schema), ENTITY_CONTENT, warehouse, None)
+    return warehouse, version_a, version_b
+
+
+@pytest.fixture(autouse=True, scope="module")
+def restore_torch_threads():
+    previous = torch.get_num_threads()
+    yield
+    torch.set_num_threads(previous)
+
+
+def argv(warehouse: Path, *extra: str) -> list[str]:
+    return ["--ds", str(DAY), "--warehouse", str(warehouse), *TINY, *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(tables):
+    """One run of the job through main(), on neighbourhoods version a (not the latest), version name derived.
+    Returns (exit code, model dir, the inputs main resolved), the inputs kept for the Spark-free tests."""
+    warehouse, version_a, _ = tables
+    resolved = []
+    original = train_encoder.resolve_inputs
+    train_encoder.resolve_inputs = lambda spark, cfg: resolved.append(original(spark, cfg)) or resolved[-1]
+    try:
+        rc = train_encoder.main(argv(warehouse, "--neighbourhoods-version", str(version_a)))
+    finally:
+        train_encoder.resolve_inputs = original
+    (model_dir,) = [p for p in (warehouse / "models").iterdir() if not p.name.startswith(".")]
+    return rc, model_dir, resolved[0]
+
+
+def test_model_directory_is_complete_and_loads_weights_only(trained, tables) -> None:
+    rc, model_dir, _ = trained
+    assert rc == 0
+    assert model_dir.name.startswith(f"{DAY}-")
+    assert sorted(p.name for p in model_dir.iterdir()) == [
+        "config.json",
+        "lineage.json",
+        "metrics.jsonl",
+        "quantiser.pt",
+        "weights.pt",
+    ]
+    weights = torch.load(model_dir / "weights.pt", weights_only=True)
+    assert weights["step"] == 4
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["model"]["dim"] == 32 and config["model"]["max_tokens"] == L
+    assert config["model"]["content_dim"] == 4  # entity_content's vectors are used
+    assert config["train"]["seed"] == 5 and config["train"]["steps"] == 4
+
+    metrics = read_metrics(model_dir)
+    assert [m["step"] for m in metrics[:-1]] == [1, 2, 3, 4]
+    assert {"distill", "retrieval", "usage", "embedding_std", "collapsed", "pairs"} <= set(metrics[0])
+    summary = metrics[-1]
+    assert summary["summary"] and summary["collapsed"] is False
+    # 6 users + 6 items + 2 categories of the day in version a; not version b's 3 + 2 + 1.
+    assert summary["rows"] == 14
+    assert summary["pairs"] == 6 and summary["pairs_missing_rows"] == 1  # user 107 has no row
+    q = summary["quantiser"]
+    assert q["levels"] == 2 and q["codes_per_level"] == 3  # sqrt(14) rounded down
+    assert len(q["usage"]) == 2 and 0 <= q["collision_rate"] <= 1 and len(q["entropy_normalised"]) == 2
+    assert q["items_with_category"] == 6 and 0 < q["item_category_purity"] <= 1
+
+    quantiser = load_quantiser(model_dir)
+    assert quantiser.codebooks.shape == (2, 3, 32)
+    loaded = load_model(model_dir)
+    assert loaded.version == model_dir.name
+
+
+def test_lineage_names_the_delta_versions_read_and_the_seed(trained, tables) -> None:
+    warehouse, version_a, version_b = tables
+    _, model_dir, _ = trained
+    lineage = read_lineage(model_dir)
+    assert version_b > version_a
+    read = lineage["inputs"]["neighbourhoods"]
+    assert (read["table"], read["version"], read["ds"], read["rows"]) == (
+        "neighbourhoods",
+        version_a,
+        str(DAY),
+        14,
+    )
+    assert read["path"] == table_path(warehouse, NEIGHBOURHOODS)
+    assert lineage["inputs"]["edges"]["version"] == 1 and lineage["inputs"]["edges"]["positive_edges"] == 7
+    assert lineage["inputs"]["entity_content"]["version"] == 1
+    assert lineage["seed"] == 5 and lineage["ds"] == str(DAY) and lineage["code_version"]
+    # The recorded files are version a's day: exactly its rows, nothing of version b or of the next day.
+    rows = read_neighbourhoods(PyarrowReader(), read["files"])
+    assert sorted(rows.node_id.tolist()) == sorted(USERS_A + ITEMS_A + [301, 302])
+
+
+def test_latest_version_is_the_default_and_resolves_to_other_files(spark, tables, trained) -> None:
+    warehouse, _, version_b = tables
+    inputs = resolve_inputs(spark, config_from_args(argv(warehouse)))
+    assert inputs.neighbourhoods.version == version_b
+    rows = read_neighbourhoods(PyarrowReader(), inputs.neighbourhoods.files)
+    assert sorted(rows.node_id.tolist()) == sorted(USERS_B + ITEMS_B + [301])
+    assert not set(inputs.neighbourhoods.files) & set(
+        read_lineage(trained[1])["inputs"]["neighbourhoods"]["files"]
+    )
+    # Each item's heaviest category; the day's positives are distinct (user, item) pairs.
+    categories = dict(zip(inputs.category_items.tolist(), inputs.category_ids.tolist(), strict=True))
+    assert categories == CATEGORY
+    assert (
+        sorted(zip(inputs.positive_users.tolist(), inputs.positive_items.tolist(), strict=True))
+        == CONVERSIONS
+    )
+
+
+def test_an_existing_version_is_never_overwritten(trained, tables, capsys) -> None:
+    warehouse, version_a, _ = tables
+    _, model_dir, inputs = trained
+    flags = argv(warehouse, "--neighbourhoods-version", str(version_a))
+    # A rerun with the same flags, inputs and code derives the same name: the model exists, nothing is trained.
+    assert default_version(config_from_args(flags), inputs, code_version()) == model_dir.name
+    before = (model_dir / "weights.pt").read_bytes()
+    rerun = train(config_from_args(flags), inputs)
+    assert rerun.reused and rerun.path == model_dir and "existed already" in rerun.line()
+    # Naming an existing version is refused, before any Spark work, in one line.
+    rc = run_job(train_encoder.main, [*flags, "--version", model_dir.name])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: model version") and "already exists" in err
+    assert len(err.splitlines()) == 1
+    assert (model_dir / "weights.pt").read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def inputs_a(trained) -> TrainingInputs:
+    return trained[2]
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_continues_to_the_same_model_as_an_uninterrupted_run(
+    trained, tables, inputs_a, monkeypatch
+) -> None:
+    warehouse, version_a, _ = tables
+    _, reference, _ = trained
+    # Same flags as the reference run, another version name, and the pyarrow loader this time.
+    flags = argv(
+        warehouse, "--neighbourhoods-version", str(version_a), "--version", "resumed", "--loader", "pyarrow"
+    )
+    update = train_encoder.Progress.update
+
+    def crash_at_step_3(self, metrics):
+        if metrics["step"] == 3:
+            raise Interrupted
+        update(self, metrics)
+
+    monkeypatch.setattr(train_encoder.Progress, "update", crash_at_step_3)
+    with pytest.raises(Interrupted):
+        train(config_from_args(flags), inputs_a)
+    monkeypatch.undo()
+    run_dir = warehouse / "models" / ".runs" / "resumed"
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-00000002"]
+    assert not (warehouse / "models" / "resumed").exists()  # nothing published by a killed run
+
+    report = train(config_from_args([*flags, "--resume"]), inputs_a)
+    assert read_lineage(report.path)["resumed_from_step"] == 2
+    assert not run_dir.exists()  # the work folder goes once the version is written
+    resumed = torch.load(report.path / "weights.pt", weights_only=True)
+    uninterrupted = torch.load(reference / "weights.pt", weights_only=True)
+    for part in ("student", "teacher", "student_head", "teacher_head"):
+        for name, tensor in uninterrupted[part].items():
+            assert torch.equal(resumed[part][name], tensor), f"{part}.{name}"
+    strip = lambda rows: [m for m in rows if not m.get("summary")]  # noqa: E731
+    assert strip(read_metrics(report.path)) == strip(read_metrics(reference))
+    assert torch.equal(load_quantiser(report.path).codebooks, load_quantiser(reference).codebooks)
+
+
+def test_resume_refuses_without_checkpoint_or_with_other_flags(tables, inputs_a) -> None:
+    warehouse, version_a, _ = tables
+    flags = argv(
+        warehouse, "--neighbourhoods-version", str(version_a), "--version", "never-started", "--resume"
+    )
+    with pytest.raises(HirError, match="no checkpoint of version never-started"):
+        train(config_from_args(flags), inputs_a)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--ds", "2026-13-01"], "--ds must be a date"),
+        (["--steps", "0"], "invalid positive integer value"),
+        (["--epochs", "2"], "not allowed with argument"),  # TINY already passes --steps
+        (["--loader", "spark"], "invalid choice"),
+        (["--dim", "15"], "must be divisible by --heads"),
+        (["--neighbourhoods-version", "-1"], "invalid non-negative integer value"),
+        (["--lr", "-1"], "--lr must be >= 0"),
+        (["--version", "../x"], "must be a plain folder name"),
+    ],
+)
+def test_bad_flags_fail_in_one_line(tmp_path, capsys, extra, message) -> None:
+    rc = run_job(train_encoder.main, argv(tmp_path, *extra))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_missing_table_and_missing_version_fail_in_one_line(spark, tables, tmp_path, capsys) -> None:
+    warehouse, _, version_b = tables
+    assert run_job(train_encoder.main, argv(tmp_path / "empty")) == 2
+    assert "table neighbourhoods not found" in capsys.readouterr().err
+    assert run_job(train_encoder.main, argv(warehouse, "--neighbourhoods-version", str(version_b + 5))) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"has no version {version_b + 5}" in err and len(err.splitlines()) == 1
+
+
+def test_edges_with_events_after_the_day_are_refused(spark, tables) -> None:
+    warehouse, _, _ = tables
+    with pytest.raises(HirError, match="events after the day"):
+        positives_and_categories(spark, str(warehouse), None, LEAKY_DAY)
+
+
+def test_tables_with_deletion_vectors_are_refused(spark, tmp_path) -> None:
+    spec = TableSpec("dv", "a table with a deletion vector", StructType([StructField("node_id", LongType())]))
+    path = table_path(tmp_path, spec)
+    frame = spark.createDataFrame([(1,), (2,), (3,)], spec.schema).coalesce(1)
+    frame.write.format("delta").option("delta.enableDeletionVectors", "true").save(path)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE node_id = 2")  # marks the row deleted, keeps the file
+    with pytest.raises(HirError, match="enables deletion vectors"):
+        table_snapshot(spark, spec, str(tmp_path), None, None)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'false')")
+    with pytest.raises(HirError, match="holds 3 rows but the snapshot keeps 2"):
+        table_snapshot(spark, spec, str(tmp_path), None, None)
+
+
+# -- collapse: no Spark, inputs written with pyarrow ---------------------------------------------------------
+
+
+def indistinguishable_day(folder: Path, rows: int = 12) -> TrainingInputs:
+    """Users the model cannot tell apart: with 2 id buckets, target ids that hash to the same buckets, and the same
+    viewed item. Every user then gets the same embedding and prototype: the representation has collapsed, whatever
+    the weights. No conversions, so the run is pure distillation."""
+    candidates = torch.arange(1, 5000)
+    users = torch.full_like(candidates, NODE_TYPES["user"])
+    same = (hash_node_ids(candidates, users, 2, 0) == 0) & (hash_node_ids(candidates, users, 2, 1) == 0)
+    ids = candidates[same][:rows].numpy()
+    pair = lambda target, neighbour, dtype: np.tile(np.array([target, neighbour], dtype=dtype), (rows, 1))  # noqa: E731
+    columns = {
+        "node_id": ids,
+        "node_type": np.array(["user"] * rows),
+        "num_tokens": np.full(rows, 2, dtype=np.int32),
+        "token_node_id": np.stack([ids, np.full(rows, 7)], axis=1),
+        "token_node_type": pair(NODE_TYPES["user"], NODE_TYPES["item"], np.int32),
+        "token_edge_type": pair(EDGE_TYPES["self"], EDGE_TYPES["user_view_item"], np.int32),
+        "token_hop": pair(0, 1, np.int32),
+        "token_parent_pos": pair(-1, 0, np.int32),
+        "token_recency": pair(0, 0, np.int32),
+        "token_weight": pair(0.0, 1.0, np.float32),
+        "token_is_deep": pair(False, False, bool),
+    }
+    folder.mkdir(parents=True)
+    pq.write_table(
+        pa.table({c: list(v) if v.ndim == 2 else v for c, v in columns.items()}), folder / "part-0.parquet"
+    )
+    snapshot = TableSnapshot(
+        "neighbourhoods", str(folder), 0, str(DAY), (str(folder / "part-0.parquet"),), rows
+    )
+    empty = np.zeros(0, dtype=np.int64)
+    return TrainingInputs(snapshot, {"version": 0}, None, empty, empty, empty, empty)
+
+
+def test_a_collapsed_run_is_reported_as_collapsed(tmp_path, monkeypatch, capsys) -> None:
+    inputs = indistinguishable_day(tmp_path / "day")
+    flags = argv(tmp_path / "wh", "--id-buckets", "2")
+    report = train(config_from_args(flags), inputs)
+    assert report.collapsed and "every entity of the day has the same prototype" in report.collapse_detail
+    metrics = read_metrics(report.path)
+    assert metrics[-1]["collapsed"] is True and metrics[-1]["day_prototype_usage"] == 1 / 64
+    assert all(m["collapsed"] and m["usage"] == 1 / 64 for m in metrics[:-1])  # one prototype on every step
+    assert report.line().startswith(f"model {report.version} [COLLAPSED]")
+
+    # Through main: the model is written for diagnosis, the exit code says the run failed.
+    monkeypatch.setattr(train_encoder, "resolve_inputs", lambda spark, cfg: inputs)
+    monkeypatch.setattr("jobs.common.spark.get_spark", lambda *a, **k: None)
+    assert run_job(train_encoder.main, [*flags, "--version", "via-main"]) == 1
+    assert "COLLAPSED:" in capsys.readouterr().err
+    assert (tmp_path / "wh" / "models" / "via-main" / "weights.pt").exists()
+
+
+def test_collapse_verdict_reads_the_last_tenth_of_the_run() -> None:
+    healthy = [{"collapsed": False, "distill": 1.0, "usage": 0.5, "ln_k": 2.77}] * 20
+    assert train_encoder.collapse_verdict(healthy)[0] is False
+    late = healthy[:18] + [dict(healthy[0], collapsed=True)] * 2
+    assert train_encoder.collapse_verdict(late)[0] is True  # the whole last tenth flagged
+    blip = [dict(healthy[0], collapsed=True)] * 2 + healthy[2:]
+    assert train_encoder.collapse_verdict(blip)[0] is False  # early steps near ln K are not a collapse
