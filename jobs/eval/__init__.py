@@ -1,0 +1,1 @@
+"""Deep-funnel evaluation: splits, baselines, metrics, report."""
