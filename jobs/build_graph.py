@@ -313,6 +313,7 @@ def item_attributes(entities: DataFrame, cfg: GraphConfig) -> DataFrame:
     latest_rows = items.groupBy("source", F.col("entity_id").alias("item_id")).agg(
         latest(has_category, "category_id", "category_code").alias("category"),
         latest(F.col("brand").isNotNull(), "brand").alias("advertiser"),
+        F.max(F.struct("ds", "last_seen")).alias("seen"),
     )
     return latest_rows.select(
         "source",
@@ -320,6 +321,8 @@ def item_attributes(entities: DataFrame, cfg: GraphConfig) -> DataFrame:
         F.col("category.category_id").alias("category_id"),
         F.col("category.category_code").alias("category_code"),
         F.col("advertiser.brand").alias("brand"),
+        F.col("seen.last_seen").alias("seen_time"),
+        F.col("seen.ds").alias("seen_ds"),
     )
 
 
@@ -358,10 +361,29 @@ def _raw_edge(relation: str, src_type: str, src: Column, dst_type: str, dst: Col
 
 
 def attribute_edges(interactions: DataFrame, attributes: DataFrame) -> DataFrame:
-    """Forward item->category, item->advertiser and category->parent edges, weighted by member activity."""
+    """Forward item->category, item->advertiser and category->parent edges, weighted by member activity.
+
+    A catalog item (attributes in the window, no interaction yet: a new ad, a new product) still gets its
+    attribute edges, with the least weight (1 unit), no events and its catalog row's time, so it has a node,
+    a neighbourhood and an embedding from its category, brand and content before anyone has clicked it.
+    """
     activity = interactions.groupBy("source", F.col("dst_raw").alias("item_id")).agg(*_activity_sums())
-    items = activity.join(attributes, ["source", "item_id"], "left").withColumn(
-        "chain", category_chain(F.col("category_id"), F.col("category_code"))
+    catalog_only = F.col("event_count").isNull()
+    items = (
+        activity.join(attributes, ["source", "item_id"], "full")
+        .select(
+            "source",
+            "item_id",
+            "category_id",
+            "category_code",
+            "brand",
+            F.when(catalog_only, F.lit(1).cast("long")).otherwise(F.col("weight_units")).alias("weight_units"),
+            F.coalesce("event_count", F.lit(0).cast("long")).alias("event_count"),
+            F.coalesce("first_time", "seen_time").alias("first_time"),
+            F.coalesce("last_time", "seen_time").alias("last_time"),
+            F.coalesce("last_ds", "seen_ds").alias("last_ds"),
+        )
+        .withColumn("chain", category_chain(F.col("category_id"), F.col("category_code")))
     )
     memberships = F.filter(
         F.array(

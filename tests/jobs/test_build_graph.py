@@ -141,6 +141,32 @@ def test_expected_edges_weights_and_reverse_edges(spark, day_graph):
     )
 
 
+def test_catalog_item_without_interactions_gets_attribute_edges_only(spark, inputs):
+    # A new ad: in the catalog on ds (category, brand), nobody has interacted with it yet.
+    events, entities = inputs
+    new_ad = ("shop", "item", "ad9", "10", "kitchen.mixer", "newco", 20.0, None, at(0, 6), day(0))
+    later = ("shop", "item", "ad10", "10", None, "late", 1.0, None, at(1, 6), day(1))  # listed after ds
+    with_catalog = entities.unionByName(frame(spark, [new_ad, later], ENTITIES.schema))
+    edges = graph_edges(events, with_catalog, GraphConfig(ds=D)).where(F.col("source") == "shop")
+    touching = {
+        (r["src_raw"], r["dst_raw"], r["edge_type"]): r
+        for r in edges.collect()
+        if "ad9" in (r["src_raw"], r["dst_raw"]) or "ad10" in (r["src_raw"], r["dst_raw"])
+    }
+    assert set(touching) == {
+        ("ad9", "10", "item_in_category"),
+        ("10", "ad9", "category_has_item"),
+        ("ad9", "newco", "item_of_advertiser"),
+        ("newco", "ad9", "advertiser_has_item"),
+    }
+    for r in touching.values():
+        assert (r["weight_units"], r["event_count"], r["funnel"]) == (1, 0, "attribute")
+        assert r["first_time"] == r["last_time"] == at(0, 6) and r["recency_bucket"] == 0
+    # The category chain and i1's edges keep their weights: the new item adds one unit to its category only.
+    chain = {(r["src_raw"], r["dst_raw"]): r["weight"] for r in edges.where("edge_type = 'category_child_of'").collect()}
+    assert chain[("10", "kitchen.mixer")] == pytest.approx(I1 + 1e-9)
+
+
 def test_every_edge_has_its_reverse_with_the_same_weight(day_graph):
     by_key = {(r["src"], r["dst"], r["edge_type"]): r for r in day_graph}
     reverse_name = {}
