@@ -169,8 +169,13 @@ class IndexReader:
         known = (node_ids != NO_ID) & (self.node_ids[pos] == node_ids)
         return np.where(known, self.raw_ids[pos], None)
 
-    def search(self, vectors: np.ndarray, k: int) -> SearchResult:
-        """Top k per query vector (one vector (d,) or a batch (nq, d)), with raw ids, node ids and scores."""
+    def search(self, vectors: np.ndarray, k: int, *, allowed: np.ndarray | None = None) -> SearchResult:
+        """Top k per query vector (one vector (d,) or a batch (nq, d)), with raw ids, node ids and scores.
+
+        `allowed` (node ids) restricts the results to a candidate set (e.g. items already live, or one
+        market): the index is searched for more neighbours, doubling until every query has k allowed ones or
+        the whole index was searched, and the rest is dropped. Rows short of k are padded with NO_ID.
+        """
         queries = np.asarray(vectors, dtype=np.float32)
         if queries.ndim == 1:
             queries = queries[None, :]
@@ -180,8 +185,30 @@ class IndexReader:
             )
         if k < 1:
             raise HirError(f"k must be at least 1, got {k}")
-        scores, node_ids = self.index.search(np.ascontiguousarray(queries), k)
-        return SearchResult(self.raw_ids_of(node_ids), node_ids, scores)
+        if allowed is None:
+            scores, node_ids = self.index.search(np.ascontiguousarray(queries), k)
+            return SearchResult(self.raw_ids_of(node_ids), node_ids, scores)
+        return self._search_allowed(np.ascontiguousarray(queries), k, np.unique(np.asarray(allowed, np.int64)))
+
+    def _search_allowed(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> SearchResult:
+        total = int(self.index.ntotal)
+        # The share of the index that is allowed sets the first over-fetch; doubling covers the queries whose
+        # neighbourhood is denser in excluded vectors than the average.
+        share = max(np.isin(self.node_ids, allowed).mean(), 1.0 / max(total, 1))
+        fetch = min(total, max(k, int(np.ceil(k / share * 1.2))))
+        while True:
+            scores, node_ids = self.index.search(queries, fetch)
+            keep = np.isin(node_ids, allowed) & (node_ids != NO_ID)
+            if fetch >= total or keep.sum(axis=1).min() >= min(k, len(allowed)):
+                break
+            fetch = min(total, fetch * 2)
+        out_ids = np.full((len(queries), k), NO_ID, dtype=np.int64)
+        out_scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        for row in range(len(queries)):
+            chosen = np.flatnonzero(keep[row])[:k]
+            out_ids[row, : len(chosen)] = node_ids[row, chosen]
+            out_scores[row, : len(chosen)] = scores[row, chosen]
+        return SearchResult(self.raw_ids_of(out_ids), out_ids, out_scores)
 
 
 def open_index(

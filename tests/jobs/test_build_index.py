@@ -327,6 +327,23 @@ def test_id_map_round_trip_through_the_reader(tmp_path):
         reader.search(np.zeros((2, 8)), 3)
 
 
+def test_search_restricted_to_allowed_ids_equals_exact_search_over_them(tmp_path):
+    root = entity_root(str(tmp_path / "wh"), "item")
+    vectors, ids, raw, _ = publish_small(root, "run1")
+    reader = IndexReader(root)
+    allowed = ids[::7]  # a sparse candidate set: most true neighbours are excluded
+    _, node_ids, scores = reader.search(vectors[:30], 10, allowed=allowed)
+    inside = np.isin(ids, allowed)
+    exact = vectors[:30] @ vectors[inside].T
+    expected = ids[inside][np.argsort(-exact, axis=1, kind="stable")[:, :10]]
+    assert np.isin(node_ids, allowed).all()
+    assert node_ids.tolist() == expected.tolist()
+    assert np.allclose(scores, np.sort(exact, axis=1)[:, ::-1][:, :10], atol=1e-5)
+    # Fewer allowed ids than k: the rest is padding.
+    _, few, _ = reader.search(vectors[:2], 5, allowed=ids[:3])
+    assert sorted(few[0][:3].tolist()) == sorted(ids[:3].tolist()) and few[0][3:].tolist() == [-1, -1]
+
+
 def test_a_build_failing_before_the_swap_cleans_up_and_keeps_latest(tmp_path):
     root = entity_root(str(tmp_path / "wh"), "item")
     publish_small(root, "good")
