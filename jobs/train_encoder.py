@@ -77,6 +77,9 @@ POSITIVE_EDGE_TYPES = ("user_cart_item", "user_purchase_item")  # deep funnel, u
 _LATEST_OFFSET = dt.timedelta(days=1, hours=14)
 # faiss trains k-means on at most 256 points per centroid (max_points_per_centroid): more adds time, not quality.
 _POINTS_PER_CODE = 256
+# Mean per-dimension std of the day's embeddings below which they have shrunk to one point (well spread unit
+# vectors of dim d have ~1/sqrt(d), 0.18 at d=32, 0.09 at d=128).
+_MIN_EMBEDDING_STD = 1e-3
 _EMBED_BATCH = 1024  # rows per forward pass when embedding the day (inference only: no activations kept)
 # Half the cores: the Spark driver JVM shares the machine, and on a 2-core box 2 torch threads ran a training step
 # 8x slower than 1 (6.3 s vs 0.8 s, measured on the shared 2-core CI box).
@@ -93,6 +96,8 @@ class TrainJobConfig:
     edges_version: int | None = None
     content_version: int | None = None
     use_content: bool = True
+    use_attention_bias: bool = True  # ablation: False => no edge/hop/recency attention biases
+    use_distillation: bool = True  # ablation: False => retrieval objective only (no teacher-student term)
     steps: int | None = None  # default: epochs x batches per epoch
     epochs: int = 10
     batch_size: int = TrainConfig.batch_size
@@ -121,6 +126,8 @@ class TrainJobConfig:
         keep = (
             "ds",
             "use_content",
+            "use_attention_bias",
+            "use_distillation",
             "steps",
             "epochs",
             "batch_size",
@@ -186,6 +193,18 @@ def build_parser() -> JobArgumentParser:
         "--no-content",
         action="store_true",
         help="Ignore entity_content (ablation). By default content vectors are used whenever the table exists.",
+    )
+    g.add_argument(
+        "--no-attention-bias",
+        action="store_true",
+        help="Drop the learned edge-type/hop/recency attention biases (ablation; the tree mask stays). On by "
+        "default: the bias is what lets a purchase edge count for more than a view.",
+    )
+    g.add_argument(
+        "--no-distillation",
+        action="store_true",
+        help="Train the retrieval objective alone, without the teacher-student cross-view term (ablation). On "
+        "by default: distillation is what trains the entities that have no conversion of their own.",
     )
     g = p.add_argument_group("training")
     length = g.add_mutually_exclusive_group()
@@ -327,6 +346,8 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         edges_version=args.edges_version,
         content_version=args.content_version,
         use_content=not args.no_content,
+        use_attention_bias=not args.no_attention_bias,
+        use_distillation=not args.no_distillation,
         steps=args.steps,
         epochs=args.epochs,
         batch_size=args.batch_size,
@@ -583,6 +604,8 @@ def build_configs(
         max_tokens=rows.max_tokens,
         content_dim=content_dim,
         use_content=content_dim > 0,
+        use_attention_bias=cfg.use_attention_bias,
+        distill_weight=ModelConfig.distill_weight if cfg.use_distillation else 0.0,
         num_prototypes=cfg.prototypes,
         # DINO warms the teacher temperature up over 30% of training (30 of 100 epochs); 1000 steps at most.
         teacher_temp_warmup_steps=min(ModelConfig.teacher_temp_warmup_steps, max(1, steps * 3 // 10)),
@@ -855,6 +878,11 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     day_std = float(embeddings.std(dim=0).mean()) if len(embeddings) > 1 else 0.0
     if len(embeddings) > 1 and winners.unique().numel() == 1:
         collapsed, detail = True, detail + "; every entity of the day has the same prototype"
+    if not cfg.use_distillation:
+        # Without the distillation term the prototype head is never trained: its loss and usage say nothing.
+        # What is left to check is that the embeddings themselves did not all shrink to one point.
+        collapsed = len(embeddings) > 1 and day_std < _MIN_EMBEDDING_STD
+        detail = f"distillation off: prototype checks skipped; embedding std {day_std:.4f}"
     quantiser, quantiser_metrics = quantise_day(
         embeddings, rows, inputs, cfg.levels, cfg.codes_per_level, cfg.seed
     )

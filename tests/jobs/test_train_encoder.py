@@ -466,3 +466,22 @@ def test_collapse_verdict_reads_the_last_tenth_of_the_run() -> None:
     assert train_encoder.collapse_verdict(late)[0] is True  # the whole last tenth flagged
     blip = [dict(healthy[0], collapsed=True)] * 2 + healthy[2:]
     assert train_encoder.collapse_verdict(blip)[0] is False  # early steps near ln K are not a collapse
+
+
+def test_ablation_flags_reach_the_model_config_and_name_another_version(tables, inputs_a, trained) -> None:
+    warehouse, version_a, _ = tables
+    _, reference, _ = trained
+    base = argv(warehouse, "--neighbourhoods-version", str(version_a))
+    no_bias = config_from_args([*base, "--no-attention-bias"])
+    no_distill = config_from_args([*base, "--no-distillation"])
+    assert no_bias.fingerprint() != no_distill.fingerprint() != config_from_args(base).fingerprint()
+    report = train(no_distill, inputs_a)
+    saved = json.loads((report.path / "config.json").read_text())
+    assert report.path != reference and saved["model"]["distill_weight"] == 0.0
+    assert saved["model"]["use_attention_bias"] is True
+    # The prototype head is not trained without distillation: the collapse check looks at the embeddings.
+    assert not report.collapsed and report.collapse_detail.startswith("distillation off")
+    history = [m for m in read_metrics(report.path) if not m.get("summary")]
+    assert all(m["loss"] == pytest.approx(m["retrieval"]) for m in history)
+    report = train(no_bias, inputs_a)
+    assert json.loads((report.path / "config.json").read_text())["model"]["use_attention_bias"] is False
