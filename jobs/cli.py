@@ -17,6 +17,8 @@ COMMANDS: dict[str, str] = {
     "train": "jobs.train_encoder",
     "embed": "jobs.embed_entities",
     "build-index": "jobs.build_index",
+    "pipeline": "jobs.pipeline",
+    "evaluate": "jobs.evaluate",
     "query": "jobs.query_index",
     "sql": "jobs.sql",
 }

@@ -1,0 +1,865 @@
+"""Run every stage of a day in order, resuming from the first stage whose outputs are missing or stale.
+
+    hir pipeline --ds 2026-01-07 --warehouse warehouse/synthetic --source synthetic --config conf/pipeline/demo.toml
+    hir pipeline --ds 2017-12-03 --warehouse warehouse/taobao --source taobao \\
+        --input ../shared/data/taobao_userbehavior/UserBehavior_user_complete.csv
+    hir pipeline --ds 2026-01-07 --warehouse warehouse/synthetic --stage-args train="--epochs 3 --dim 32"
+    hir pipeline --ds 2026-01-07 --warehouse warehouse/synthetic --from-stage train --until-stage embed --force
+    hir pipeline --ds 2026-01-07 --warehouse warehouse/rees46 --evaluate \\
+        --stage-args evaluate="--protocol leave_last_conversion_out"
+
+Scheduled daily, for yesterday's day (cron; Airflow: a BashOperator with the same command and `--ds {{ ds }}`):
+
+    0 3 * * * cd /opt/hir && .venv/bin/spark-submit --jars .jars/delta-spark_4.0_2.13-4.4.0.jar,.jars/delta-storage-4.4.0.jar jobs/pipeline.py --ds $(date -u -d yesterday +\\%F) --warehouse /data/hir/warehouse --config /etc/hir/pipeline.toml
+
+Stages, in order: ingest (only with --source), build-graph, sample-neighbourhoods, enrich, train, embed,
+build-index, evaluate (opt-in: --evaluate or an [evaluate] section in --config). Each runs through its own job's
+`config_from_args`, so every job flag is reachable and validated by the job itself: the pipeline adds `--ds` and
+`--warehouse` (ingest gets `--source` and `--warehouse`: it ingests every day of its input, pass --ds to it to
+reject other days; evaluate gets `--warehouse` and `--ds` only if its parser has one), embed gets `--model` with
+the version the train stage wrote, and the rest comes from, in this order (a later value of a flag wins):
+
+* `--config FILE`, a TOML table per stage: `flag = value` pairs (`epochs = 3` -> `--epochs 3`, `no-progress =
+  true` -> `--no-progress`, false leaves the flag out, a list gives several values) and/or `args = ["--epochs",
+  "3"]`, passed as written. Sections of stages that do not run (ingest without --source) are ignored;
+* `--stage-args STAGE="--flag value ..."` (repeatable, shlex-split);
+* with --source, any flag the pipeline itself does not know goes to ingest: `--source synthetic --users 60`.
+
+Every stage's flags are checked before the first stage runs, so a typo in the last stage's flags costs nothing.
+
+Lineage and resume: after a stage succeeds, `<warehouse>/_pipeline/<ds>.json` (replaced atomically) records per
+stage its config fingerprint (sha256 of the job's parsed config), its argv, the Delta versions of the tables it
+read (ingest: path, size and mtime of its input files), the versions of the tables it wrote, its non-Delta output
+(train: the model version folder; build-index: the index version LATEST names), rows, report line and seconds.
+A stage is fresh, and skipped, when its record's fingerprint and input versions equal the current ones, the
+tables it wrote are still at the recorded versions and its model or index is still there (and live). The first
+stage that is not fresh runs, and so does every selected stage after it; `--force` runs them all. A stage that
+fails loses its record, so the next run starts there. Versions are per table, not per day: a run of another day
+that rewrites a shared table (events, edges ...) makes this day's later stages stale too, which reruns them
+(never serves stale data). One run per warehouse and day at a time (a lock file beside the record).
+
+Output: a line per stage as it starts and ends (`[3/7] sample-neighbourhoods done in 12.3s: ...` or
+`skipped (fresh: ...)`), then a table of stage, status, rows and seconds. A failing stage stops the run: a job's
+one-line error becomes `error: stage <name>: <message>` and exit 2; a job's own failed check (ingest or graph
+counts that do not reconcile, a collapsed training) exits 1 like the job would; any other exception propagates
+after naming the stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import fcntl
+import hashlib
+import importlib
+import json
+import os
+import shlex
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TextIO
+from urllib.parse import urlparse
+
+from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
+from jobs.common.delta import table_exists, table_version
+from jobs.common.errors import HirError
+from jobs.ingest_events import SOURCES
+from schemas.tables import (
+    BOM_TOKENS,
+    BOM_VOCAB,
+    EDGES,
+    EMBEDDINGS,
+    ENTITIES,
+    ENTITY_CONTENT,
+    EVAL_METRICS,
+    EVENTS,
+    INGEST_REJECTS,
+    NEIGHBOURHOODS,
+    NODES,
+    SYNTHETIC_TRUTH,
+    TableSpec,
+)
+
+LINEAGE_DIR = "_pipeline"  # under the warehouse: one lineage record per day, <ds>.json
+LINEAGE_FORMAT = 1
+
+
+# -- the stages ----------------------------------------------------------------------------------------------
+
+
+def _no_problem(report: Any) -> str | None:
+    return None
+
+
+def _no_artifact(cfg: Any, report: Any) -> str | None:
+    return None
+
+
+def _intact(artifact: str) -> str | None:
+    return None
+
+
+def _no_files(cfg: Any) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One job of the pipeline: how to run it, what it reads and writes, and how to tell its outputs still stand."""
+
+    name: str
+    module: str  # the job module; imported when the stage is planned (evaluate may not be installed)
+    reads: tuple[TableSpec, ...]
+    writes: tuple[TableSpec, ...]
+    run: Callable[[Any, ModuleType, Any], Any]  # (spark, job module, job config) -> the job's report
+    summary: Callable[[Any], tuple[int | None, str, str]]  # report -> (rows, what the rows are, one line)
+    problem: Callable[[Any], str | None] = _no_problem  # the job's own failed check (its main exits 1)
+    artifact: Callable[[Any, Any], str | None] = _no_artifact  # (config, report) -> non-Delta output
+    artifact_gone: Callable[[str], str | None] = (
+        _intact  # artifact -> why it no longer stands, None if it does
+    )
+    input_files: Callable[[Any], list[str]] = (
+        _no_files  # config -> files read (ingest reads files, not tables)
+    )
+    daily: bool = True  # gets --ds (ingest reads whole files; evaluate only when its parser has --ds)
+    opt_in: bool = False
+    check_early: bool = (
+        True  # its flags are checked before the first stage runs (else once the warehouse exists)
+    )
+
+    def job(self) -> ModuleType:
+        try:
+            return importlib.import_module(self.module)
+        except ImportError as err:
+            raise HirError(f"stage {self.name}: cannot import {self.module} ({err})") from None
+
+    def config(self, argv: Sequence[str]) -> Any:
+        return self.job().config_from_args(list(argv))
+
+
+def _ingest(spark, job, cfg):
+    return job.ingest(spark, cfg)
+
+
+def _ingest_files(cfg) -> list[str]:
+    return [*cfg.inputs, *([cfg.mapping] if cfg.mapping else [])]
+
+
+def _build_graph(spark, job, cfg):
+    return job.build_graph(spark, cfg)
+
+
+def _sample(spark, job, cfg):
+    return job.sample_day(spark, cfg)
+
+
+def _sample_summary(stats: dict[str, dict[str, float]]) -> tuple[int | None, str, str]:
+    line = "; ".join(
+        f"{node_type}: {s['rows']} rows, {s['mean_tokens']} tokens on average, {s['with_deep']} with a "
+        "deep-funnel token"
+        for node_type, s in sorted(stats.items())
+    )
+    return sum(int(s["rows"]) for s in stats.values()), "neighbourhoods", line
+
+
+def _enrich(spark, job, cfg):
+    return job.enrich(spark, cfg)
+
+
+def _train(spark, job, cfg):
+    return job.train(cfg, job.resolve_inputs(spark, cfg))
+
+
+def _model_gone(artifact: str) -> str | None:
+    return None if (Path(artifact) / "weights.pt").is_file() else f"model {artifact} is gone"
+
+
+def _embed(spark, job, cfg):
+    return job.embed(spark, cfg)
+
+
+def _build_index(spark, job, cfg):
+    return job.build_index(spark, cfg)
+
+
+def _index_gone(artifact: str) -> str | None:
+    """The recorded index version must still exist and still be the one LATEST names."""
+    from jobs.index.publish import LATEST, MANIFEST_FILE
+
+    version = Path(artifact)
+    if not (version / MANIFEST_FILE).is_file():
+        return f"index version {version} is gone"
+    pointer = version.parent.parent / LATEST
+    live = pointer.read_text().strip() if pointer.is_file() else None
+    if live != f"{version.parent.name}/{version.name}":
+        return f"{pointer} now points to {live}, not {version.parent.name}/{version.name}"
+    return None
+
+
+def _evaluate(spark, job, cfg):
+    return job.evaluate(spark, cfg)
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, int):
+        return value
+    return len(value) if hasattr(value, "__len__") else None
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        "ingest",
+        "jobs.ingest_events",
+        reads=(),
+        writes=(EVENTS, ENTITIES, INGEST_REJECTS, SYNTHETIC_TRUTH),
+        run=_ingest,
+        summary=lambda r: (r.events, "events", r.line()),
+        problem=lambda r: None if r.reconciles else r.line(),
+        input_files=_ingest_files,
+        daily=False,
+    ),
+    Stage(
+        "build-graph",
+        "jobs.build_graph",
+        reads=(EVENTS, ENTITIES),
+        writes=(NODES, EDGES),
+        run=_build_graph,
+        summary=lambda r: (sum(r.edges.values()), "edges", r.line()),
+        problem=lambda r: None if r.reconciles else r.line(),
+    ),
+    Stage(
+        "sample-neighbourhoods",
+        "jobs.sample_neighbourhoods",
+        reads=(NODES, EDGES),
+        writes=(NEIGHBOURHOODS,),
+        run=_sample,
+        summary=_sample_summary,
+    ),
+    Stage(
+        "enrich",
+        "jobs.enrich_entities",
+        reads=(NODES, ENTITIES),
+        writes=(ENTITY_CONTENT,),
+        run=_enrich,
+        summary=lambda r: (
+            r.nodes,
+            "nodes",
+            f"{r.nodes} nodes with text, {r.embedded} embedded, {r.unchanged} unchanged",
+        ),
+    ),
+    Stage(
+        "train",
+        "jobs.train_encoder",
+        reads=(NEIGHBOURHOODS, EDGES, ENTITY_CONTENT),
+        writes=(),
+        run=_train,
+        summary=lambda r: (r.summary["rows"], "rows", r.line()),
+        problem=lambda r: f"model {r.version} COLLAPSED: {r.collapse_detail}" if r.collapsed else None,
+        artifact=lambda cfg, r: str(Path(r.path).resolve()),
+        artifact_gone=_model_gone,
+    ),
+    Stage(
+        "embed",
+        "jobs.embed_entities",
+        reads=(NEIGHBOURHOODS, ENTITY_CONTENT, NODES, ENTITIES),
+        writes=(EMBEDDINGS, BOM_TOKENS, BOM_VOCAB),
+        run=_embed,
+        summary=lambda r: (
+            r.entities,
+            "entities",
+            f"{r.entities} entities with model {r.model_version}; versions {r.versions}",
+        ),
+    ),
+    Stage(
+        "build-index",
+        "jobs.build_index",
+        reads=(EMBEDDINGS,),
+        writes=(),
+        run=_build_index,
+        summary=lambda r: (r.manifest["count"], "vectors", r.line()),
+        artifact=lambda cfg, r: str(Path(r.version_dir).resolve()),
+        artifact_gone=_index_gone,
+    ),
+    Stage(
+        "evaluate",
+        "jobs.evaluate",
+        reads=(EVENTS, ENTITIES, EMBEDDINGS),  # it splits events/entities and builds its own history models
+        writes=(EVAL_METRICS,),
+        run=_evaluate,
+        summary=lambda r: (_count(getattr(r, "rows", None)), "metrics", r.line()),
+        artifact=lambda cfg, r: (
+            str(Path(r.report_path).resolve()) if getattr(r, "report_path", None) else None
+        ),
+        artifact_gone=lambda artifact: None if Path(artifact).exists() else f"report {artifact} is gone",
+        daily=False,  # decided from its parser: see stage_argv
+        opt_in=True,
+        check_early=False,  # its flags check that the warehouse exists, which ingest may not have created yet
+    ),
+)
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
+
+
+# -- flags ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    ds: dt.date
+    warehouse: str = "warehouse"
+    source: str | None = None  # None: no ingest, the day's events are in the warehouse already
+    stage_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # config file, then command line
+    from_stage: str | None = None
+    until_stage: str | None = None
+    force: bool = False
+    evaluate: bool = False
+
+
+def stage_name(value: str, flag: str) -> str:
+    if value not in BY_NAME:
+        raise HirError(f"{flag}: unknown stage '{value}' (choose from {', '.join(STAGE_NAMES)})")
+    return value
+
+
+def build_parser() -> JobArgumentParser:
+    # No abbreviations: flags the pipeline does not know go to ingest, and must not match a pipeline flag's prefix.
+    p = JobArgumentParser(prog="hir pipeline", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument(
+        "--ds",
+        type=parse_ds,
+        required=True,
+        help="Day to build (YYYY-MM-DD): every daily stage gets it, and the lineage record is per day.",
+    )
+    add_warehouse_flag(p)
+    p.add_argument(
+        "--source",
+        choices=SOURCES,
+        help="Ingest first with this adapter (any other `hir ingest` flag may follow, e.g. --input). Default: "
+        "no ingest, since a daily run usually finds the day's events already landed by the ingest job.",
+    )
+    p.add_argument(
+        "--config",
+        help="TOML file with a table of flags per stage (see the module docstring); default none: every job's "
+        "own defaults, which are sized for real runs.",
+    )
+    p.add_argument(
+        "--stage-args",
+        action="append",
+        default=[],
+        metavar='STAGE="FLAGS"',
+        help="Extra flags for one stage, shlex-split, after those of --config (a later value wins); repeatable. "
+        'E.g. train="--epochs 3 --dim 32".',
+    )
+    p.add_argument(
+        "--from-stage",
+        metavar="STAGE",
+        help=f"First stage to consider, one of {', '.join(STAGE_NAMES)}. Default the first: earlier ones are "
+        "neither run nor checked, so start later only when they are known to be done.",
+    )
+    p.add_argument(
+        "--until-stage",
+        metavar="STAGE",
+        help="Last stage to consider. Default the last enabled one: a daily run builds everything.",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="Run every selected stage even when its lineage says it is fresh. Off by default: a rerun resumes "
+        "where the last one stopped. (train still reuses a model with the same flags, inputs and code.)",
+    )
+    p.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="Also run the evaluation (also on when --config has an [evaluate] section). Off by default: it "
+        "retrains the model and its ablations on a history split, several times the cost of the day itself.",
+    )
+    return p
+
+
+def config_args(path: str) -> dict[str, tuple[str, ...]]:
+    """A --config TOML file -> per stage argv: `[train] epochs = 3` -> {'train': ('--epochs', '3')}."""
+    try:
+        with open(path, "rb") as handle:
+            doc = tomllib.load(handle)
+    except FileNotFoundError:
+        raise HirError(f"--config: file not found: {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise HirError(f"--config {path}: not valid TOML ({err})") from None
+    out: dict[str, tuple[str, ...]] = {}
+    for section, table in doc.items():
+        if not isinstance(table, dict):
+            raise HirError(
+                f"--config {path}: '{section}' must be a [stage] table, one of {', '.join(STAGE_NAMES)}"
+            )
+        if section not in BY_NAME:
+            raise HirError(
+                f"--config {path}: unknown stage [{section}] (choose from {', '.join(STAGE_NAMES)})"
+            )
+        argv: list[str] = []
+        for key, value in table.items():
+            if key == "args":
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise HirError(f"--config {path}: [{section}] args must be a list of strings")
+                argv += value
+            elif isinstance(value, bool):
+                argv += [f"--{key}"] if value else []
+            elif isinstance(value, list):
+                argv += [f"--{key}", *(str(v) for v in value)]
+            elif isinstance(value, str | int | float):
+                argv += [f"--{key}", str(value)]
+            else:
+                raise HirError(
+                    f"--config {path}: [{section}] {key} must be a string, number, boolean or list"
+                )
+        out[section] = tuple(argv)
+    return out
+
+
+def parse_stage_args(values: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """['train=--epochs 3', ...] -> {'train': ('--epochs', '3')}; repeats of a stage add up in order."""
+    out: dict[str, tuple[str, ...]] = {}
+    for value in values:
+        name, sep, flags = value.partition("=")
+        if not sep:
+            raise HirError(f"--stage-args '{value}': expected STAGE=\"--flag value ...\"")
+        stage_name(name, "--stage-args")
+        try:
+            out[name] = (*out.get(name, ()), *shlex.split(flags))
+        except ValueError as err:
+            raise HirError(f"--stage-args {name}: {err}") from None
+    return out
+
+
+def config_from_args(argv: Sequence[str] | None) -> PipelineConfig:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.source is None:
+        parser.error(f"unrecognized arguments: {' '.join(rest)} (flags for ingest need --source)")
+    for flag in ("from_stage", "until_stage"):
+        if getattr(args, flag) is not None:
+            stage_name(getattr(args, flag), "--" + flag.replace("_", "-"))
+    from_file = config_args(args.config) if args.config else {}
+    from_cli = parse_stage_args(args.stage_args)
+    stage_args = {name: (*from_file.get(name, ()), *from_cli.get(name, ())) for name in STAGE_NAMES}
+    stage_args["ingest"] = (*stage_args["ingest"], *rest)
+    cfg = PipelineConfig(
+        ds=args.ds,
+        warehouse=args.warehouse,
+        source=args.source,
+        stage_args={name: flags for name, flags in stage_args.items() if flags},
+        from_stage=args.from_stage,
+        until_stage=args.until_stage,
+        force=args.force,
+        evaluate=args.evaluate or "evaluate" in from_file,
+    )
+    for name in from_cli:
+        if not enabled(BY_NAME[name], cfg):
+            raise HirError(f"--stage-args {name}: {why_disabled(BY_NAME[name])}")
+    plan(cfg)  # every stage's flags, checked before Spark starts
+    return cfg
+
+
+# -- planning: which stages, with which flags ----------------------------------------------------------------
+
+
+def enabled(stage: Stage, cfg: PipelineConfig) -> bool:
+    if stage.name == "ingest":
+        return cfg.source is not None
+    return cfg.evaluate if stage.opt_in else True
+
+
+def why_disabled(stage: Stage) -> str:
+    if stage.name == "ingest":
+        return "ingest runs only with --source"
+    return f"{stage.name} is opt-in: pass --evaluate (or give --config an [{stage.name}] section)"
+
+
+def selected(cfg: PipelineConfig) -> list[Stage]:
+    """The enabled stages from --from-stage to --until-stage, in pipeline order."""
+    for flag, name in (("--from-stage", cfg.from_stage), ("--until-stage", cfg.until_stage)):
+        if name is not None and not enabled(BY_NAME[stage_name(name, flag)], cfg):
+            raise HirError(f"{flag} {name}: {why_disabled(BY_NAME[name])}")
+    first = STAGE_NAMES.index(cfg.from_stage) if cfg.from_stage else 0
+    last = STAGE_NAMES.index(cfg.until_stage) if cfg.until_stage else len(STAGES) - 1
+    if first > last:
+        raise HirError(f"--from-stage {cfg.from_stage} comes after --until-stage {cfg.until_stage}")
+    return [s for s in STAGES[first : last + 1] if enabled(s, cfg)]
+
+
+def _sets(flags: Sequence[str], flag: str) -> bool:
+    return any(token == flag or token.startswith(flag + "=") for token in flags)
+
+
+def _takes_ds(stage: Stage, job: ModuleType) -> bool:
+    if stage.daily:
+        return True
+    parser = getattr(job, "build_parser", None)
+    return stage.name != "ingest" and parser is not None and "--ds" in parser()._option_string_actions
+
+
+def stage_argv(stage: Stage, cfg: PipelineConfig, artifacts: Mapping[str, str | None]) -> list[str]:
+    """The stage's flags with the pipeline's own appended last, so they win over any abbreviation of them."""
+    extra = list(cfg.stage_args.get(stage.name, ()))
+    job = stage.job()
+    owned = ["--warehouse"] + (["--source"] if stage.name == "ingest" else [])
+    owned += ["--ds"] if _takes_ds(stage, job) else []
+    for flag in owned:
+        if _sets(extra, flag):
+            raise HirError(
+                f"stage {stage.name}: {flag} is set by the pipeline (its own {flag} flag), not per stage"
+            )
+    injected: list[str] = []
+    if stage.name == "embed" and artifacts.get("train") and not _sets(extra, "--model"):
+        injected += ["--model", artifacts["train"]]  # the version train wrote, not merely the newest folder
+    if stage.name == "ingest":
+        injected += ["--source", cfg.source]
+    if "--ds" in owned:
+        injected += ["--ds", cfg.ds.isoformat()]
+    return [*extra, *injected, "--warehouse", cfg.warehouse]
+
+
+def plan(cfg: PipelineConfig) -> list[Stage]:
+    """The selected stages, each one's flags parsed by its own job (a bad flag fails here, naming the stage)."""
+    _local_warehouse(cfg.warehouse)
+    stages = selected(cfg)
+    if not stages:
+        raise HirError("no stage selected: check --from-stage/--until-stage")
+    for stage in stages:
+        if stage.check_early or _local_warehouse(cfg.warehouse).is_dir():
+            argv = stage_argv(stage, cfg, {})
+            try:
+                stage.config(argv)
+            except HirError as err:
+                raise HirError(f"stage {stage.name}: {err}") from None
+        else:
+            stage.job()  # at least importable
+    return stages
+
+
+def _local_warehouse(warehouse: str) -> Path:
+    parsed = urlparse(str(warehouse))
+    if parsed.scheme not in ("", "file"):
+        raise HirError(
+            f"hir pipeline keeps its lineage beside the tables and needs a local/POSIX --warehouse, got "
+            f"'{warehouse}' (run the jobs one by one on an object store)"
+        )
+    return Path(parsed.path if parsed.scheme == "file" else warehouse)
+
+
+# -- lineage -------------------------------------------------------------------------------------------------
+
+
+def fingerprint(job_cfg: Any) -> str:
+    """sha256 of the job's parsed config: flag order, `--x=1` vs `--x 1` and defaults spelled out do not matter."""
+    values = dataclasses.asdict(job_cfg) if dataclasses.is_dataclass(job_cfg) else vars(job_cfg)
+    text = json.dumps(values, sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def file_stamps(paths: Sequence[str]) -> dict[str, list[int] | None]:
+    """'file:<absolute path>' -> [size, mtime_ns] of every file (folders walked); None for what cannot be read."""
+    stamps: dict[str, list[int] | None] = {}
+    for given in paths:
+        parsed = urlparse(given)
+        if parsed.scheme not in ("", "file"):
+            stamps[f"file:{given}"] = None
+            continue
+        path = Path(parsed.path if parsed.scheme == "file" else given).resolve()
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        if not files:
+            stamps[f"file:{path}"] = None
+        for f in files:
+            stat = f.stat()
+            stamps[f"file:{f}"] = [stat.st_size, stat.st_mtime_ns]
+    return stamps
+
+
+def table_versions(spark, specs: Sequence[TableSpec], warehouse: str) -> dict[str, int | None]:
+    """Current Delta version of each table, None where it does not exist."""
+    return {
+        s.name: table_version(spark, s, warehouse) if table_exists(spark, s, warehouse) else None
+        for s in specs
+    }
+
+
+def lineage_path(warehouse: str, ds: dt.date) -> Path:
+    return _local_warehouse(warehouse) / LINEAGE_DIR / f"{ds.isoformat()}.json"
+
+
+def read_lineage(warehouse: str, ds: dt.date) -> dict[str, dict[str, Any]]:
+    """The stage records of a day ({} when the day never ran); a damaged file is a one-line error."""
+    path = lineage_path(warehouse, ds)
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+        return dict(doc["stages"])
+    except (ValueError, KeyError, TypeError):
+        raise HirError(
+            f"lineage record {path} is damaged: delete it to rerun every stage of the day"
+        ) from None
+
+
+def write_lineage(warehouse: str, ds: dt.date, stages: Mapping[str, dict[str, Any]]) -> None:
+    """Replace the day's record atomically (temp file, fsync, os.replace): a kill leaves the old one."""
+    path = lineage_path(warehouse, ds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "format": LINEAGE_FORMAT,
+        "ds": ds.isoformat(),
+        "stages": {n: stages[n] for n in STAGE_NAMES if n in stages},
+    }
+    staged = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(staged, "w") as handle:
+        handle.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(staged, path)
+
+
+@contextlib.contextmanager
+def day_lock(warehouse: str, ds: dt.date) -> Iterator[None]:
+    """One pipeline run per warehouse and day: a second one fails at once rather than racing on the tables."""
+    path = lineage_path(warehouse, ds).with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise HirError(f"another pipeline run for {ds} holds {path}") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def staleness(stage: Stage, record: dict | None, print_: str, inputs: dict, outputs: dict) -> str | None:
+    """Why the stage must run (None: fresh). `print_` is the job config's fingerprint."""
+    if record is None:
+        return "no record of a run for this day"
+    if record.get("fingerprint") != print_:
+        return "its flags changed"
+    recorded_in = record.get("inputs", {})
+    for name, now in _plain(inputs).items():
+        if now is None and name.startswith("file:"):
+            return f"input {name[5:]} cannot be checked (missing or not a local file)"
+        if recorded_in.get(name, "absent") != now:
+            return f"input {name} changed ({recorded_in.get(name)} -> {now})"
+    recorded_out = record.get("outputs", {})
+    for name, now in _plain(outputs).items():
+        if recorded_out.get(name, "absent") != now:
+            return f"output {name} was rewritten since ({recorded_out.get(name)} -> {now})"
+    artifact = record.get("artifact")
+    if artifact:
+        return stage.artifact_gone(artifact)
+    return None
+
+
+def _fresh_note(record: dict) -> str:
+    versions = ", ".join(f"{k}={v}" for k, v in record.get("outputs", {}).items() if v is not None)
+    parts = [f"outputs at versions {versions}"] if versions else []
+    if record.get("artifact"):
+        parts.append(f"output {record['artifact']}")
+    return "fresh: " + ("; ".join(parts) or "inputs unchanged")
+
+
+# -- the run -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageResult:
+    name: str
+    status: str  # ran | skipped | failed | not run
+    seconds: float = 0.0
+    report: Any = None  # the job's report object (None unless it ran)
+    line: str = ""  # the report's line (a skipped stage: the recorded one)
+    rows: int | None = None
+    rows_of: str = ""
+    reason: str = ""  # why it ran, or why it was skipped
+
+
+@dataclass(frozen=True)
+class PipelineReport:
+    ds: dt.date
+    warehouse: str
+    stages: tuple[StageResult, ...]
+    seconds: float
+
+    def status(self) -> dict[str, str]:
+        return {s.name: s.status for s in self.stages}
+
+    def result(self, name: str) -> StageResult:
+        return next(s for s in self.stages if s.name == name)
+
+    @property
+    def ok(self) -> bool:
+        return all(s.status in ("ran", "skipped") for s in self.stages)
+
+    def table(self) -> str:
+        counts = {k: sum(s.status == k for s in self.stages) for k in ("ran", "skipped", "failed")}
+        lines = [
+            f"pipeline {self.ds} ({self.warehouse}): {counts['ran']} ran, {counts['skipped']} skipped, "
+            f"{counts['failed']} failed in {self.seconds:.1f}s",
+            f"  {'stage':<22} {'status':<8} {'rows':>24} {'seconds':>8}",
+        ]
+        for s in self.stages:
+            rows = f"{s.rows} {s.rows_of}" if s.rows is not None else "-"
+            lines.append(f"  {s.name:<22} {s.status:<8} {rows:>24} {s.seconds:>8.1f}")
+        return "\n".join(lines)
+
+
+class StageFailed(HirError):
+    """A stage stopped the run; `exit_code` is what the job's own main would return, `report` what ran so far."""
+
+    def __init__(self, stage: str, message: str, exit_code: int, report: PipelineReport):
+        super().__init__(f"stage {stage}: {message}")
+        self.stage, self.exit_code, self.report = stage, exit_code, report
+
+
+def run_pipeline(spark, cfg: PipelineConfig, *, out: TextIO | None = None) -> PipelineReport:
+    """Run the selected stages of the day in order, skipping fresh ones; raise StageFailed when one fails."""
+    out = out or sys.stdout
+    stages = plan(cfg)
+    started = time.perf_counter()
+    results: list[StageResult] = []
+
+    def emit(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    def report_so_far() -> PipelineReport:
+        done = {r.name for r in results}
+        rest = tuple(StageResult(s.name, "not run") for s in stages if s.name not in done)
+        return PipelineReport(
+            cfg.ds, cfg.warehouse, (*results, *rest), round(time.perf_counter() - started, 3)
+        )
+
+    with day_lock(cfg.warehouse, cfg.ds):
+        records = read_lineage(cfg.warehouse, cfg.ds)
+        artifacts = {name: rec.get("artifact") for name, rec in records.items()}
+        rerun_from: str | None = None  # the first stage that ran: every later one runs too
+        for position, stage in enumerate(stages, 1):
+            tag = f"[{position}/{len(stages)}] {stage.name}"
+            argv = stage_argv(stage, cfg, artifacts)
+            job = stage.job()
+            try:
+                job_cfg = stage.config(argv)
+            except HirError as err:
+                results.append(StageResult(stage.name, "failed", reason=str(err)))
+                raise StageFailed(stage.name, str(err), 2, _summarised(report_so_far(), emit)) from None
+            print_ = fingerprint(job_cfg)
+            inputs = {
+                **table_versions(spark, stage.reads, cfg.warehouse),
+                **file_stamps(stage.input_files(job_cfg)),
+            }
+            record = records.get(stage.name)
+            if cfg.force:
+                reason = "--force"
+            elif rerun_from is not None:
+                reason = f"runs after {rerun_from}"
+            else:
+                reason = staleness(
+                    stage, record, print_, inputs, table_versions(spark, stage.writes, cfg.warehouse)
+                )
+            if reason is None:
+                note = _fresh_note(record)
+                emit(f"{tag} skipped ({note})")
+                results.append(
+                    StageResult(
+                        stage.name,
+                        "skipped",
+                        line=record.get("line", ""),
+                        rows=record.get("rows"),
+                        rows_of=record.get("rows_of", ""),
+                        reason=note,
+                    )
+                )
+                continue
+
+            emit(f"{tag} ... ({reason})")
+            clock = time.perf_counter()
+            try:
+                report = stage.run(spark, job, job_cfg)
+                problem = stage.problem(report)
+            except HirError as err:
+                _forget(cfg, records, stage)
+                results.append(
+                    StageResult(stage.name, "failed", round(time.perf_counter() - clock, 3), reason=str(err))
+                )
+                raise StageFailed(stage.name, str(err), 2, _summarised(report_so_far(), emit)) from None
+            except BaseException as err:
+                _forget(cfg, records, stage)
+                results.append(
+                    StageResult(stage.name, "failed", round(time.perf_counter() - clock, 3), reason=repr(err))
+                )
+                _summarised(report_so_far(), emit)
+                print(
+                    f"error: stage {stage.name} failed with {type(err).__name__} (traceback below)",
+                    file=sys.stderr,
+                )
+                raise
+            seconds = round(time.perf_counter() - clock, 3)
+            rows, rows_of, line = stage.summary(report)
+            if problem is not None:
+                _forget(cfg, records, stage)
+                results.append(
+                    StageResult(stage.name, "failed", seconds, report, line, rows, rows_of, problem)
+                )
+                emit(f"{tag} failed after {seconds:.1f}s: {line}")
+                raise StageFailed(stage.name, problem, 1, _summarised(report_so_far(), emit))
+            artifact = stage.artifact(job_cfg, report)
+            artifacts[stage.name] = artifact
+            records[stage.name] = {
+                "fingerprint": print_,
+                "argv": argv,
+                "inputs": _plain(inputs),
+                "outputs": table_versions(spark, stage.writes, cfg.warehouse),
+                "artifact": artifact,
+                "rows": rows,
+                "rows_of": rows_of,
+                "line": line,
+                "seconds": seconds,
+                "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            }
+            write_lineage(cfg.warehouse, cfg.ds, records)
+            rerun_from = rerun_from or stage.name
+            emit(f"{tag} done in {seconds:.1f}s: {line}")
+            results.append(StageResult(stage.name, "ran", seconds, report, line, rows, rows_of, reason))
+    return _summarised(report_so_far(), emit)
+
+
+def _forget(cfg: PipelineConfig, records: dict[str, dict], stage: Stage) -> None:
+    """A failed stage is never fresh: drop its record so the next run starts there."""
+    if records.pop(stage.name, None) is not None:
+        write_lineage(cfg.warehouse, cfg.ds, records)
+
+
+def _summarised(report: PipelineReport, emit: Callable[[str], None]) -> PipelineReport:
+    emit(report.table())
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = config_from_args(argv)
+    from jobs.common.spark import get_spark
+
+    spark = get_spark(f"hir-pipeline-{cfg.ds}")
+    try:
+        run_pipeline(spark, cfg)
+    except StageFailed as failed:
+        print(f"error: {failed}", file=sys.stderr)
+        return failed.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_job(main))

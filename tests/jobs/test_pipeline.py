@@ -1,0 +1,347 @@
+"""hir pipeline: every stage of a day in order; a rerun skips what its lineage shows fresh and reruns exactly from
+the first stale stage on; a failing stage stops the run naming itself; bad flags fail in one line, writing nothing.
+
+The end-to-end tests share one warehouse (Spark is slow on the CI box): the module fixture runs the whole day
+once, and each test then changes one thing and measures the versions before and after its own rerun.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from jobs import pipeline
+from jobs.common.args import run_job
+from jobs.common.delta import read_table, table_exists, table_version
+from jobs.pipeline import config_from_args, lineage_path, run_pipeline
+from schemas.tables import (
+    BOM_TOKENS,
+    BOM_VOCAB,
+    EDGES,
+    EMBEDDINGS,
+    ENTITIES,
+    ENTITY_CONTENT,
+    EVENTS,
+    INGEST_REJECTS,
+    NEIGHBOURHOODS,
+    NODES,
+)
+
+DS = "2026-01-07"  # the synthetic source's last day (a week from 2026-01-01)
+DAY_STAGES = ("ingest", "build-graph", "sample-neighbourhoods", "enrich", "train", "embed", "build-index")
+TABLES = (
+    EVENTS,
+    ENTITIES,
+    INGEST_REJECTS,
+    NODES,
+    EDGES,
+    NEIGHBOURHOODS,
+    ENTITY_CONTENT,
+    EMBEDDINGS,
+    BOM_TOKENS,
+    BOM_VOCAB,
+)
+# Tiny sizes: the day trains in 3 steps. The config mixes both TOML forms (flag = value, args = [...]).
+CONFIG = """
+[ingest]
+users = 60
+items = 120
+events = 3000
+
+[enrich]
+encoder = "hashing:32"
+
+[train]
+args = ["--epochs", "1", "--batch-size", "64"]
+dim = 16
+heads = 2
+prototypes = 16
+id-buckets = 4096
+loader = "pyarrow"
+no-progress = true
+"""
+
+
+def day_argv(warehouse: Path, config: Path, *extra: str) -> list[str]:
+    return [
+        "--ds",
+        DS,
+        "--warehouse",
+        str(warehouse),
+        "--source",
+        "synthetic",
+        "--config",
+        str(config),
+        *extra,
+    ]
+
+
+def run(spark, warehouse: Path, config: Path, *extra: str) -> tuple[pipeline.PipelineReport, str]:
+    out = io.StringIO()
+    report = run_pipeline(spark, config_from_args(day_argv(warehouse, config, *extra)), out=out)
+    return report, out.getvalue()
+
+
+def versions(spark, warehouse: Path) -> dict[str, int | None]:
+    return {
+        t.name: table_version(spark, t, warehouse) if table_exists(spark, t, warehouse) else None
+        for t in TABLES
+    }
+
+
+def models(warehouse: Path) -> list[Path]:
+    return sorted(p for p in (warehouse / "models").iterdir() if not p.name.startswith("."))
+
+
+def latest(warehouse: Path) -> str:
+    return (warehouse / "indexes" / "item" / "LATEST").read_text().strip()
+
+
+def records(warehouse: Path) -> dict[str, dict]:
+    return json.loads(lineage_path(str(warehouse), pipeline.parse_ds(DS)).read_text())["stages"]
+
+
+def statuses(report: pipeline.PipelineReport) -> dict[str, str]:
+    return report.status()
+
+
+@pytest.fixture(scope="module")
+def day(spark, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pipeline")
+    warehouse, config = folder / "warehouse", folder / "pipeline.toml"
+    config.write_text(CONFIG)
+    report, text = run(spark, warehouse, config)
+    return SimpleNamespace(
+        warehouse=warehouse, config=config, report=report, text=text, versions=versions(spark, warehouse)
+    )
+
+
+# -- end to end ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_full_run_writes_every_output_and_lists_every_stage_as_ran(spark, day) -> None:
+    assert list(statuses(day.report).items()) == [(name, "ran") for name in DAY_STAGES]
+    assert all(v is not None for v in day.versions.values()), day.versions
+    (model,) = models(day.warehouse)
+    assert (model / "weights.pt").is_file()
+    recorded = records(day.warehouse)
+    assert list(recorded) == list(DAY_STAGES)
+    # embed used the model train wrote, passed explicitly; LATEST names the version build-index recorded.
+    embed_argv = recorded["embed"]["argv"]
+    assert (
+        embed_argv[embed_argv.index("--model") + 1] == str(model.resolve()) == recorded["train"]["artifact"]
+    )
+    assert recorded["build-index"]["artifact"].endswith(latest(day.warehouse))
+    assert recorded["build-graph"]["inputs"] == {
+        "events": day.versions["events"],
+        "entities": day.versions["entities"],
+    }
+    assert recorded["build-graph"]["outputs"] == {
+        "nodes": day.versions["nodes"],
+        "edges": day.versions["edges"],
+    }
+    # Rows in the summary are the jobs' own counts.
+    embedded = read_table(spark, EMBEDDINGS, day.warehouse).where(f"ds = DATE'{DS}'").count()
+    assert day.report.result("embed").rows == embedded > 0
+    assert day.report.result("ingest").rows == day.report.result("ingest").report.events > 0
+    assert "[1/7] ingest ... (no record of a run for this day)" in day.text
+    for position, name in enumerate(DAY_STAGES, 1):
+        assert (f"[{position}/7] {name} ... (runs after ingest)" in day.text) is (position > 1)
+        assert f"[{position}/7] {name} done in " in day.text
+    summary = day.text[day.text.index("pipeline 2026-01-07") :].splitlines()
+    assert summary[0].split(":")[1].startswith(" 7 ran, 0 skipped, 0 failed")
+    assert [row.split()[:2] for row in summary[2:]] == [[name, "ran"] for name in DAY_STAGES]
+    assert not list(lineage_path(str(day.warehouse), pipeline.parse_ds(DS)).parent.glob(".*tmp*"))
+
+
+@pytest.mark.slow
+def test_an_identical_rerun_skips_every_stage_and_writes_nothing(spark, day) -> None:
+    before, model_count, live = (
+        versions(spark, day.warehouse),
+        len(models(day.warehouse)),
+        latest(day.warehouse),
+    )
+    report, text = run(spark, day.warehouse, day.config)
+    assert list(statuses(report).values()) == ["skipped"] * 7
+    assert versions(spark, day.warehouse) == before
+    assert len(models(day.warehouse)) == model_count
+    assert latest(day.warehouse) == live
+    assert (
+        f"[3/7] sample-neighbourhoods skipped (fresh: outputs at versions neighbourhoods={before['neighbourhoods']})"
+        in text
+    )
+    assert report.result("ingest").rows == day.report.result("ingest").rows  # rows come from the record
+
+
+@pytest.mark.slow
+def test_deleting_the_model_reruns_train_and_every_stage_after_it(spark, day) -> None:
+    before, live = versions(spark, day.warehouse), latest(day.warehouse)
+    (model,) = models(day.warehouse)
+    shutil.rmtree(model)
+    report, text = run(spark, day.warehouse, day.config)
+    assert statuses(report) == dict(zip(DAY_STAGES, ["skipped"] * 4 + ["ran"] * 3, strict=True))
+    assert f"[5/7] train ... (model {model.resolve()} is gone)" in text
+    assert "[6/7] embed ... (runs after train)" in text
+    after = versions(spark, day.warehouse)
+    upstream = ("events", "entities", "nodes", "edges", "neighbourhoods", "entity_content")
+    assert {t: after[t] for t in upstream} == {t: before[t] for t in upstream}
+    assert after["embeddings"] == before["embeddings"] + 1
+    (rebuilt,) = models(day.warehouse)  # the same name again unless a commit changed the code version
+    assert (rebuilt / "weights.pt").is_file() and records(day.warehouse)["train"]["artifact"] == str(
+        rebuilt.resolve()
+    )
+    assert latest(day.warehouse) != live
+
+
+@pytest.mark.slow
+def test_a_failing_stage_stops_the_run_and_names_itself(spark, day, capsys) -> None:
+    before, live, newest = versions(spark, day.warehouse), latest(day.warehouse), models(day.warehouse)[-1]
+    # train would write the version named here, which exists: the job refuses (versions are immutable).
+    rc = pipeline.main(day_argv(day.warehouse, day.config, "--stage-args", f"train=--version {newest.name}"))
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert err.strip().splitlines()[-1].startswith(f"error: stage train: model version {newest}")
+    assert "[5/7] train ... (its flags changed)" in out
+    assert "embed ..." not in out and "build-index ..." not in out
+    assert [row.split()[:2] for row in out.splitlines()[-3:]] == [
+        ["train", "failed"],
+        ["embed", "not"],
+        ["build-index", "not"],
+    ]
+    assert versions(spark, day.warehouse) == before
+    assert latest(day.warehouse) == live
+    assert "train" not in records(day.warehouse)  # a failed stage is never fresh: the next run starts there
+
+
+@pytest.mark.slow
+def test_rewritten_edges_rerun_exactly_the_stages_after_build_graph(spark, day) -> None:
+    half_life = "build-graph=--half-life-days 3"
+    before, model_count = versions(spark, day.warehouse), len(models(day.warehouse))
+    # Rewrite the day's graph with another decay through the pipeline, that stage alone.
+    graph_only, _ = run(
+        spark, day.warehouse, day.config, "--from-stage", "build-graph", "--until-stage", "build-graph",
+        "--stage-args", half_life,
+    )  # fmt: skip
+    assert statuses(graph_only) == {"build-graph": "ran"}
+    rewritten = versions(spark, day.warehouse)
+    assert rewritten["edges"] == before["edges"] + 1
+    assert rewritten["neighbourhoods"] == before["neighbourhoods"]
+    # The rerun with the same flags: ingest and build-graph are fresh, everything reading the new graph is not.
+    report, text = run(spark, day.warehouse, day.config, "--stage-args", half_life)
+    assert statuses(report) == dict(zip(DAY_STAGES, ["skipped"] * 2 + ["ran"] * 5, strict=True))
+    assert (
+        f"[3/7] sample-neighbourhoods ... (input nodes changed ({before['nodes']} -> {rewritten['nodes']}))"
+        in text
+    )
+    after = versions(spark, day.warehouse)
+    assert (after["events"], after["edges"]) == (before["events"], rewritten["edges"])
+    assert after["neighbourhoods"] == before["neighbourhoods"] + 1
+    assert len(models(day.warehouse)) == model_count + 1  # new input versions: a new model version
+    recorded = records(day.warehouse)
+    assert (
+        recorded["embed"]["argv"][recorded["embed"]["argv"].index("--model") + 1]
+        == recorded["train"]["artifact"]
+    )
+
+
+# -- failures that need no data ------------------------------------------------------------------------------
+
+
+def test_a_missing_input_table_fails_its_stage_and_nothing_after_it_runs(spark, tmp_path, capsys) -> None:
+    warehouse = tmp_path / "warehouse"
+    rc = pipeline.main(
+        ["--ds", DS, "--warehouse", str(warehouse), "--from-stage", "build-graph", "--until-stage", "enrich"]
+    )
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert (
+        err.strip()
+        == f"error: stage build-graph: table events not found at {(warehouse / 'events').resolve()}: run the stage that writes it"
+    )
+    assert "[1/3] build-graph ... (no record" in out and "sample-neighbourhoods ..." not in out
+    assert not any(table_exists(spark, t, warehouse) for t in (NODES, EDGES, NEIGHBOURHOODS, ENTITY_CONTENT))
+    assert not lineage_path(str(warehouse), pipeline.parse_ds(DS)).exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--ds", "2026-1-7"],
+            "hir pipeline: argument --ds: --ds must be a date as YYYY-MM-DD, got '2026-1-7'",
+        ),
+        (["--from-stage", "graph"], "--from-stage: unknown stage 'graph' (choose from ingest, build-graph"),
+        (["--stage-args", "index=--seed 1"], "--stage-args: unknown stage 'index'"),
+        (["--stage-args", "train=--lr -1"], "stage train: --lr must be >= 0"),
+        (["--stage-args", "embed=--ds 2026-01-01"], "stage embed: --ds is set by the pipeline"),
+        (
+            ["--from-stage", "train", "--until-stage", "enrich"],
+            "--from-stage train comes after --until-stage enrich",
+        ),
+        (["--until-stage", "evaluate"], "--until-stage evaluate: evaluate is opt-in"),
+        (
+            ["--users", "60"],
+            "hir pipeline: unrecognized arguments: --users 60 (flags for ingest need --source)",
+        ),
+        (["--source", "synthetic", "--users", "0"], "stage ingest: --users, --items, --events"),
+        (
+            ["--source", "synthetic", "--input", "x.csv"],
+            "stage ingest: --source synthetic generates its events",
+        ),
+    ],
+)
+def test_flag_errors_are_one_line_and_write_nothing(tmp_path, capsys, extra, message) -> None:
+    warehouse = tmp_path / "warehouse"
+    # A later --ds replaces the first: argparse keeps the last value of a flag.
+    assert run_job(pipeline.main, ["--ds", DS, "--warehouse", str(warehouse), *extra]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("error: " + message), err
+    assert not warehouse.exists()
+
+
+def test_config_file_tables_become_each_stage_flags(tmp_path) -> None:
+    config = tmp_path / "p.toml"
+    config.write_text(
+        '[ingest]\ninput = ["a.csv", "b.csv"]\nmax-reject-fraction = 0.1\n'
+        '[train]\nargs = ["--epochs", "2"]\nno-content = true\nresume = false\nlr = 2e-3\n'
+    )
+    assert pipeline.config_args(str(config)) == {
+        "ingest": ("--input", "a.csv", "b.csv", "--max-reject-fraction", "0.1"),
+        "train": ("--epochs", "2", "--no-content", "--lr", "0.002"),
+    }
+    cfg = config_from_args(
+        ["--ds", DS, "--config", str(config), "--stage-args", "train=--epochs 3", "--evaluate"]
+    )
+    assert cfg.stage_args["train"][-2:] == ("--epochs", "3")  # the command line comes last, so it wins
+    assert pipeline.stage_argv(pipeline.BY_NAME["train"], cfg, {})[-4:] == [
+        "--ds",
+        DS,
+        "--warehouse",
+        "warehouse",
+    ]
+    config.write_text("[graph]\nlookback-days = 3\n")
+    with pytest.raises(pipeline.HirError, match=r"unknown stage \[graph\]"):
+        pipeline.config_args(str(config))
+
+
+def test_an_input_file_that_changed_makes_ingest_stale(tmp_path) -> None:
+    events = tmp_path / "events.csv"
+    events.write_text("1,2,3\n")
+    ingest = pipeline.BY_NAME["ingest"]
+    stamps = pipeline.file_stamps([str(events)])
+    record = {"fingerprint": "f", "inputs": stamps, "outputs": {"events": 4}}
+    assert pipeline.staleness(ingest, record, "f", stamps, {"events": 4}) is None
+    assert pipeline.staleness(ingest, record, "f", stamps, {"events": 5}) == (
+        "output events was rewritten since (4 -> 5)"
+    )
+    assert pipeline.staleness(ingest, record, "g", stamps, {"events": 4}) == "its flags changed"
+    events.write_text("1,2,3\n4,5,6\n")
+    reason = pipeline.staleness(ingest, record, "f", pipeline.file_stamps([str(events)]), {"events": 4})
+    assert reason is not None and reason.startswith(f"input file:{events.resolve()} changed")
