@@ -1,0 +1,761 @@
+"""Deep-funnel evaluation: HIR against baselines on the same users, candidates and split; `eval_metrics` + report.
+
+    hir evaluate --warehouse warehouse/taobao --protocol temporal --cutoff 2017-12-02T00:00:00+08:00
+    hir evaluate --warehouse warehouse/rees46 --protocol leave_last_conversion_out
+    hir evaluate --warehouse warehouse/rees46 --protocol leave_last_conversion_out \\
+        --stage-args train="--epochs 3 --dim 32 --heads 2 --prototypes 64" --bootstrap 1000
+
+The job splits the warehouse's `events` (jobs.eval.split: temporal cut-off, or each user's last conversion held
+out), writes the history (and the catalog as of its end) into a warehouse of its own, `<warehouse>/eval/
+<protocol>/`, and runs the pipeline there for the history's last day: graph, samples, content, HIR and its three
+ablations (no attention bias, no distillation, no content), embeddings, the published item index. Nothing at
+or after a user's cut-off is in that warehouse, so no stage can see a target.
+
+Then, for every user with history and a deep-funnel target, each method ranks the top 100 items of two
+candidate sets: `graph` (items with interactions in the history; targets restricted to them) and `catalog`
+(also the items first seen after the cut-off, known by attributes only). Methods: `hir` (through the published
+index), `hir_no_bias`, `hir_no_distill`, `hir_no_content`, `popularity`, `co_visitation`, `als` (tuned on a
+validation split cut from the history), `category_popularity`, `content_only`. Metrics: Recall, NDCG, HitRate
+@ 10/20/50/100 with bootstrap 95% CIs over users, on slices `all`, `no_prior_conversion` (users without a cart
+or purchase in their history), `new_interest` (targets the user never interacted with) and `repeat`.
+
+Writes `eval_metrics` (replacing this dataset's and protocol's rows of the day) in the warehouse, and a report
+(`<warehouse>/reports/<protocol>/<ds>/report.md` with SVG plots), and prints a table of @50 results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from jobs.common.args import JobArgumentParser, add_warehouse_flag, run_job
+from jobs.common.delta import read_table, table_exists, table_path, write_table
+from jobs.common.errors import HirError
+from jobs.common.spark import get_spark
+from jobs.common.stage import StageLog
+from jobs.eval import baselines as bl
+from jobs.eval.metrics import DEFAULT_KS, per_user_metrics, summarise
+from jobs.eval.split import PROTOCOLS, Split, last_conversion_split, temporal_split
+from schemas.tables import (
+    BOM_TOKENS,
+    EMBEDDINGS,
+    ENTITIES,
+    ENTITY_CONTENT,
+    EVAL_METRICS,
+    EVENTS,
+    NEIGHBOURHOODS,
+)
+
+# name -> the `hir train` flag that makes it (the full model has none).
+HIR_VARIANTS: dict[str, tuple[str, ...]] = {
+    "hir": (),
+    "hir_no_bias": ("--no-attention-bias",),
+    "hir_no_distill": ("--no-distillation",),
+    "hir_no_content": ("--no-content",),
+}
+BASELINES = ("popularity", "co_visitation", "als", "category_popularity", "content_only")
+METHODS = (*HIR_VARIANTS, *BASELINES)
+CANDIDATE_SETS = ("graph", "catalog")
+SLICES = ("all", "no_prior_conversion", "new_interest", "repeat")
+STAGES_WITH_ARGS = ("build-graph", "sample-neighbourhoods", "enrich", "train", "embed", "build-index")
+TUNE_K = 50  # ALS is tuned on NDCG@50, the headline metric of the report
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    warehouse: str
+    protocol: str
+    cutoff: dt.datetime | None = None
+    dataset: str | None = None  # default: the warehouse folder's name
+    methods: tuple[str, ...] = METHODS
+    ks: tuple[int, ...] = DEFAULT_KS
+    bootstrap: int = 1000
+    seed: int = 0
+    stage_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    report_dir: str | None = None
+    als_grid: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(bl.ALS_GRID))
+
+    @property
+    def name(self) -> str:
+        return self.dataset or Path(self.warehouse).resolve().name
+
+    @property
+    def history_warehouse(self) -> str:
+        return str(Path(self.warehouse) / "eval" / self.protocol)
+
+
+@dataclass
+class EvalReport:
+    dataset: str
+    protocol: str
+    ds: dt.date
+    model_version: str
+    rows: list[dict]
+    context: dict
+    report_path: Path
+    seconds: float = 0.0
+    version: int | None = None
+
+    def value(self, method: str, candidates: str, slice_: str, metric: str, k: int) -> dict | None:
+        for row in self.rows:
+            if (row["method"], row["candidates"], row["slice"], row["metric"], row["k"]) == (
+                method,
+                candidates,
+                slice_,
+                metric,
+                k,
+            ):
+                return row
+        return None
+
+    def line(self) -> str:
+        best = self.value("hir", "catalog", "all", "ndcg", 50)
+        ndcg = f"hir catalog NDCG@50 {best['value']:.4f}" if best else "no hir rows"
+        return (
+            f"evaluate {self.dataset}/{self.protocol} {self.ds}: {self.context['users']} users, "
+            f"{self.context['targets']} targets, {len(self.rows)} metric rows; {ndcg}; report {self.report_path}"
+        )
+
+
+def parse_stage_args(values: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """['train=--epochs 3 --dim 32', ...] -> {'train': ('--epochs', '3', '--dim', '32')}."""
+    out: dict[str, tuple[str, ...]] = {}
+    for value in values:
+        stage, sep, flags = value.partition("=")
+        if not sep or stage not in STAGES_WITH_ARGS:
+            raise HirError(
+                f"--stage-args '{value}': expected STAGE=\"--flag value\" with STAGE one of {STAGES_WITH_ARGS}"
+            )
+        out[stage] = (*out.get(stage, ()), *shlex.split(flags))
+    return out
+
+
+def parse_cutoff(value: str) -> dt.datetime:
+    try:
+        cutoff = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cutoff must be an ISO date-time, got '{value}'") from None
+    if cutoff.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"--cutoff '{value}' needs a time zone, e.g. 2017-12-02T00:00:00+08:00"
+        )
+    return cutoff
+
+
+def parse_als_grid(value: str) -> dict[str, tuple[float, ...]]:
+    """'rank=16,64;regParam=0.01,0.1;alpha=1,10' -> the ALS grid (every key of ALS_GRID, each a value list)."""
+    grid: dict[str, tuple[float, ...]] = {}
+    for part in value.split(";"):
+        key, _, values = part.partition("=")
+        try:
+            grid[key.strip()] = tuple(float(v) for v in values.split(","))
+        except ValueError:
+            raise HirError(f"--als-grid: '{part}' is not NAME=number,number...") from None
+    if set(grid) != set(bl.ALS_GRID) or any(not v for v in grid.values()):
+        raise HirError(f"--als-grid needs values for exactly {', '.join(bl.ALS_GRID)}, got '{value}'")
+    return grid
+
+
+def build_parser() -> JobArgumentParser:
+    p = JobArgumentParser(prog="hir evaluate", description=__doc__.split("\n\n")[0])
+    add_warehouse_flag(p)
+    p.add_argument(
+        "--protocol",
+        required=True,
+        choices=PROTOCOLS,
+        help="temporal: one global cut-off (logs spanning days); leave_last_conversion_out: each user's last "
+        "cart/purchase held out (logs too short for a global cut-off).",
+    )
+    p.add_argument(
+        "--cutoff",
+        type=parse_cutoff,
+        help="temporal only: the cut-off instant with its zone (ISO 8601). Everything is built from events "
+        "before it; targets are the cart/purchase pairs at or after it.",
+    )
+    p.add_argument(
+        "--dataset", help="Name in eval_metrics and the report. Default: the warehouse folder's name."
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="Comma list of methods to run. Default: all of them; the report compares only what ran.",
+    )
+    p.add_argument(
+        "--ks",
+        default=",".join(str(k) for k in DEFAULT_KS),
+        help="Cut-offs K. Default 10,20,50,100: from a first screen to a retrieval stage's candidate list.",
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        help="Bootstrap resamples of the users for the 95%% CIs. 1000 gives stable 2.5/97.5 percentiles.",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="Seed of the bootstrap (the models use their own flags)."
+    )
+    p.add_argument(
+        "--stage-args",
+        action="append",
+        default=[],
+        metavar='STAGE="FLAGS"',
+        help='Extra flags for a stage run on the history (repeatable), e.g. train="--epochs 3 --dim 32". The '
+        "HIR ablations get the same train flags plus their own switch.",
+    )
+    p.add_argument(
+        "--als-grid",
+        default=";".join(f"{k}={','.join(str(v) for v in vs)}" for k, vs in bl.ALS_GRID.items()),
+        help="ALS grid searched on the validation split cut from the history (never the targets). Default: ranks "
+        "16/64, regParam 0.01/0.1, alpha 1/10 (the ranges of Hu et al. 2008 and Spark's defaults).",
+    )
+    p.add_argument("--report-dir", help="Report folder. Default <warehouse>/reports/<protocol>/<ds>.")
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None) -> EvalConfig:
+    a = build_parser().parse_args(argv)
+    if a.protocol == "temporal" and a.cutoff is None:
+        raise HirError("--protocol temporal needs --cutoff")
+    if a.protocol != "temporal" and a.cutoff is not None:
+        raise HirError(f"--cutoff applies to the temporal protocol only, not {a.protocol}")
+    methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise HirError(
+            f"--methods: unknown {', '.join(unknown) or '(empty)'} (choose from {', '.join(METHODS)})"
+        )
+    try:
+        ks = tuple(sorted({int(k) for k in a.ks.split(",")}))
+    except ValueError:
+        raise HirError(f"--ks must be a comma list of integers, got '{a.ks}'") from None
+    if not ks or ks[0] < 1:
+        raise HirError("--ks must be positive integers")
+    if a.bootstrap < 1:
+        raise HirError("--bootstrap must be at least 1")
+    if not Path(a.warehouse).is_dir():
+        raise HirError(f"warehouse not found: {a.warehouse}")
+    return EvalConfig(
+        warehouse=a.warehouse,
+        protocol=a.protocol,
+        cutoff=a.cutoff,
+        dataset=a.dataset,
+        methods=methods,
+        ks=ks,
+        bootstrap=a.bootstrap,
+        seed=a.seed,
+        stage_args=parse_stage_args(a.stage_args),
+        report_dir=a.report_dir,
+        als_grid=parse_als_grid(a.als_grid),
+    )
+
+
+# -- the split and the history warehouse ------------------------------------------------------------------------
+
+
+def make_split(spark: SparkSession, cfg: EvalConfig) -> Split:
+    events = read_table(spark, EVENTS, cfg.warehouse)
+    entities = read_table(spark, ENTITIES, cfg.warehouse)
+    if cfg.protocol == "temporal":
+        return temporal_split(events, entities, cfg.cutoff)
+    return last_conversion_split(events, entities)
+
+
+def write_history(spark: SparkSession, split: Split, cfg: EvalConfig) -> dict[str, int]:
+    """The history warehouse's `events` and `entities`; rewritten only when the split changed (a rerun of the
+    evaluation then finds its graph, models and index fresh)."""
+    from delta.tables import DeltaTable
+
+    source_version = (
+        DeltaTable.forPath(spark, table_path(cfg.warehouse, EVENTS)).history(1).first()["version"]
+    )
+    key = json.dumps({"protocol": cfg.protocol, "cutoff": split.cutoff, "events_version": source_version})
+    target = cfg.history_warehouse
+    versions = {}
+    for spec, frame in ((EVENTS, split.history), (ENTITIES, split.catalog)):
+        if table_exists(spark, spec, target):
+            last = DeltaTable.forPath(spark, table_path(target, spec)).history(1).first()
+            if last["userMetadata"] == key:
+                versions[spec.name] = last["version"]
+                continue
+        versions[spec.name] = write_table(frame, spec, target, None, user_metadata=key)
+    if table_exists(spark, ENTITY_CONTENT, cfg.warehouse) and not table_exists(spark, ENTITY_CONTENT, target):
+        # Seed the content vectors: enrich re-embeds only the texts that differ (keyed by node id and text
+        # hash), so the language model does not run again over an unchanged catalog.
+        write_table(read_table(spark, ENTITY_CONTENT, cfg.warehouse), ENTITY_CONTENT, target, None)
+    return versions
+
+
+def run_history_pipeline(spark: SparkSession, cfg: EvalConfig, ds: dt.date, variants: Sequence[str]) -> dict:
+    """graph -> samples -> content -> HIR variants -> embeddings (full model) -> item index, on the history."""
+    from jobs import (
+        build_graph,
+        build_index,
+        embed_entities,
+        enrich_entities,
+        sample_neighbourhoods,
+        train_encoder,
+    )
+
+    wh = cfg.history_warehouse
+    base = ["--ds", str(ds), "--warehouse", wh]
+    args = lambda stage: [*base, *cfg.stage_args.get(stage, ())]  # noqa: E731
+    timings: dict[str, float] = {}
+
+    def timed(name, fn):
+        started = time.perf_counter()
+        result = fn()
+        timings[name] = round(time.perf_counter() - started, 1)
+        print(f"[evaluate] {name:<22} {timings[name]:>7.1f}s", file=sys.stderr, flush=True)
+        return result
+
+    graph = timed(
+        "build-graph",
+        lambda: build_graph.build_graph(spark, build_graph.config_from_args(args("build-graph"))),
+    )
+    if not graph.reconciles:
+        raise HirError(f"history graph does not reconcile: {graph.line()}")
+    timed(
+        "sample-neighbourhoods",
+        lambda: sample_neighbourhoods.sample_day(
+            spark, sample_neighbourhoods.config_from_args(args("sample-neighbourhoods"))
+        ),
+    )
+    timed("enrich", lambda: enrich_entities.enrich(spark, enrich_entities.config_from_args(args("enrich"))))
+    models = {}
+    for name in variants:
+        train_cfg = train_encoder.config_from_args([*args("train"), *HIR_VARIANTS[name], "--no-progress"])
+        report = timed(
+            f"train {name}",
+            lambda c=train_cfg: train_encoder.train(c, train_encoder.resolve_inputs(spark, c)),
+        )
+        if report.collapsed:
+            raise HirError(f"HIR variant {name} collapsed in training ({report.collapse_detail})")
+        models[name] = report
+    if "hir" in models:
+        embed_cfg = embed_entities.config_from_args([*args("embed"), "--model", str(models["hir"].path)])
+        timed("embed hir", lambda: embed_entities.embed(spark, embed_cfg))
+        timed(
+            "build-index",
+            lambda: build_index.build_index(spark, build_index.config_from_args(args("build-index"))),
+        )
+    return {"models": models, "timings": timings}
+
+
+# -- what is evaluated -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalData:
+    """Driver-side view of the split: node ids throughout (users and items hash (source, type, raw id))."""
+
+    users: np.ndarray  # evaluated users
+    targets: dict[int, set[int]]  # user -> target items (all candidates)
+    seen: dict[int, set[int]]  # user -> items interacted with in the history
+    converted: set[int]  # users with a cart/purchase in the history
+    graph_items: np.ndarray
+    catalog_items: np.ndarray
+    new_items: set[int]  # catalog items without history interactions
+
+
+def collect_eval_data(spark: SparkSession, split: Split, ui: DataFrame) -> EvalData:
+    targets_df = split.targets.select(bl.user_node().alias("user"), bl.item_node().alias("item"))
+    targets_pd = targets_df.toPandas()
+    ui_pd = ui.select("user", "item", "deep").toPandas()
+    catalog = split.catalog.where(F.col("entity_type") == "item").select(
+        bl.item_node("entity_id").alias("item")
+    )
+    catalog_items = np.unique(
+        np.concatenate([catalog.toPandas()["item"].to_numpy(np.int64), targets_pd["item"].to_numpy(np.int64)])
+    )
+    graph_items = np.unique(ui_pd["item"].to_numpy(np.int64))
+    targets: dict[int, set[int]] = {}
+    for user, item in zip(targets_pd["user"].tolist(), targets_pd["item"].tolist(), strict=True):
+        targets.setdefault(user, set()).add(item)
+    seen: dict[int, set[int]] = {}
+    for user, item in zip(ui_pd["user"].tolist(), ui_pd["item"].tolist(), strict=True):
+        seen.setdefault(user, set()).add(item)
+    converted = set(ui_pd.loc[ui_pd["deep"] > 0, "user"].tolist())
+    users = np.array(sorted(u for u in targets if u in seen), dtype=np.int64)
+    return EvalData(
+        users=users,
+        targets={u: targets[u] for u in users.tolist()},
+        seen=seen,
+        converted=converted,
+        graph_items=graph_items,
+        catalog_items=catalog_items,
+        new_items=set(catalog_items.tolist()) - set(graph_items.tolist()),
+    )
+
+
+def slice_targets(data: EvalData, candidates: str, slice_: str) -> dict[int, set[int]]:
+    """Targets per user for one (candidate set, slice); users left with no target are not in the slice."""
+    allowed = set(data.graph_items.tolist()) if candidates == "graph" else None
+    out = {}
+    for user, items in data.targets.items():
+        if slice_ == "no_prior_conversion" and user in data.converted:
+            continue
+        kept = items if allowed is None else items & allowed
+        if slice_ == "new_interest":
+            kept = kept - data.seen.get(user, set())
+        elif slice_ == "repeat":
+            kept = kept & data.seen.get(user, set())
+        if kept:
+            out[user] = kept
+    return out
+
+
+# -- rankings ----------------------------------------------------------------------------------------------------
+
+
+def collect_ranking(ranking: DataFrame) -> dict[int, np.ndarray]:
+    pdf = ranking.select("user", "item", "rank").toPandas().sort_values(["user", "rank"])
+    return {int(u): g["item"].to_numpy(np.int64) for u, g in pdf.groupby("user", sort=False)}
+
+
+def exact_top_k(
+    user_ids: np.ndarray, user_vectors: np.ndarray, item_ids: np.ndarray, item_vectors: np.ndarray, k: int
+) -> dict[int, np.ndarray]:
+    """Exact inner-product top k (FAISS flat): the reference search for the ablations and content-only."""
+    import faiss
+
+    index = faiss.IndexFlatIP(item_vectors.shape[1])
+    index.add(np.ascontiguousarray(item_vectors, dtype=np.float32))
+    _, positions = index.search(np.ascontiguousarray(user_vectors, dtype=np.float32), min(k, len(item_ids)))
+    return {int(u): item_ids[row[row >= 0]] for u, row in zip(user_ids.tolist(), positions, strict=True)}
+
+
+def vectors_of(pdf: pd.DataFrame, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids found, their vectors) for the wanted node ids, in the order of `ids`."""
+    by_id = dict(zip(pdf["node_id"].tolist(), pdf["vector"].tolist(), strict=True))
+    found = np.array([i for i in ids.tolist() if i in by_id], dtype=np.int64)
+    matrix = (
+        np.stack([np.asarray(by_id[i], np.float32) for i in found.tolist()])
+        if len(found)
+        else np.zeros((0, 1), np.float32)
+    )
+    return found, matrix
+
+
+def variant_embeddings(spark: SparkSession, cfg: EvalConfig, ds: dt.date, model_dir: Path) -> pd.DataFrame:
+    """(node_id, node_type, vector) of the day's neighbourhoods under an ablation model, through the same
+    pandas UDF as `hir embed` (nothing is written: the published tables belong to the full model)."""
+    from jobs.embed_entities import _snapshot_files
+    from udfs.embed import OUTPUT_SCHEMA, EmbedSpec, embed_partitions
+
+    rows = read_table(spark, NEIGHBOURHOODS, cfg.history_warehouse).where(F.col("ds") == F.lit(ds))
+    content_files, _ = _snapshot_files(spark, cfg.history_warehouse)
+    spec = EmbedSpec(model_dir=str(model_dir.resolve()), content_files=content_files)
+    return (
+        rows.mapInPandas(embed_partitions(spec), OUTPUT_SCHEMA)
+        .select("node_id", "node_type", "vector")
+        .toPandas()
+    )
+
+
+def hir_rankings(
+    spark, cfg: EvalConfig, data: EvalData, ds: dt.date, k: int
+) -> dict[str, dict[int, np.ndarray]]:
+    """The full model through the published item index (graph candidates as an allowed-id filter)."""
+    from jobs.index.reader import NO_ID, open_index
+
+    reader = open_index(cfg.history_warehouse, "item", str(ds))
+    version = reader.manifest.get("source", {}).get("delta_version")
+    users = (
+        read_table(spark, EMBEDDINGS, cfg.history_warehouse, version)
+        .where(
+            (F.col("ds") == F.lit(ds))
+            & (F.col("entity_type") == "user")
+            & (F.col("model_version") == reader.manifest["model_version"])
+        )
+        .select("node_id", "vector")
+        .toPandas()
+    )
+    found, matrix = vectors_of(users, data.users)
+    out = {}
+    for candidates, allowed in (("graph", data.graph_items), ("catalog", data.catalog_items)):
+        _, node_ids, _ = reader.search(matrix, k, allowed=allowed)
+        out[candidates] = {int(u): row[row != NO_ID] for u, row in zip(found.tolist(), node_ids, strict=True)}
+    return out
+
+
+def embedding_rankings(
+    users_pdf: pd.DataFrame, items_pdf: pd.DataFrame, data: EvalData, k: int, profile=None
+) -> dict[str, dict[int, np.ndarray]]:
+    out = {}
+    for candidates, pool in (("graph", data.graph_items), ("catalog", data.catalog_items)):
+        item_ids, item_matrix = vectors_of(items_pdf, pool)
+        if profile is None:
+            user_ids, user_matrix = vectors_of(users_pdf, data.users)
+        else:
+            user_ids, user_matrix = data.users, profile
+        out[candidates] = (
+            exact_top_k(user_ids, user_matrix, item_ids, item_matrix, k) if len(item_ids) else {}
+        )
+    return out
+
+
+def content_rankings(
+    spark, cfg: EvalConfig, ui: DataFrame, data: EvalData, k: int
+) -> dict[str, dict[int, np.ndarray]]:
+    content = (
+        read_table(spark, ENTITY_CONTENT, cfg.history_warehouse)
+        .where("node_type = 'item'")
+        .select("node_id", "vector")
+        .toPandas()
+    )
+    vectors = {
+        int(n): np.asarray(v, np.float32)
+        for n, v in zip(content["node_id"].tolist(), content["vector"].tolist(), strict=True)
+    }
+    ui_pd = ui.select("user", "item", "weight").toPandas()
+    profiles = bl.weighted_profiles(
+        ui_pd["user"].to_numpy(), ui_pd["item"].to_numpy(), ui_pd["weight"].to_numpy(), data.users, vectors
+    )
+    return embedding_rankings(pd.DataFrame(), content, data, k, profile=profiles)
+
+
+def spark_rankings(
+    spark, cfg: EvalConfig, split: Split, ui: DataFrame, data: EvalData, methods, k: int, context: dict
+) -> dict[str, dict[str, dict[int, np.ndarray]]]:
+    """The Spark baselines, each over both candidate sets."""
+    users = spark.createDataFrame(pd.DataFrame({"user": data.users}))
+    pools = {
+        "graph": spark.createDataFrame(pd.DataFrame({"item": data.graph_items})),
+        "catalog": spark.createDataFrame(pd.DataFrame({"item": data.catalog_items})),
+    }
+    attributes = split.catalog.where(F.col("entity_type") == "item").select(
+        bl.item_node("entity_id").alias("item"), F.col("category_id").alias("category"), F.col("brand")
+    )
+    out: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    if "popularity" in methods:
+        out["popularity"] = {
+            c: collect_ranking(bl.popularity(ui, users, pool, k)) for c, pool in pools.items()
+        }
+    if "co_visitation" in methods:
+        out["co_visitation"] = {
+            c: collect_ranking(bl.co_visitation(ui, users, pool, k)) for c, pool in pools.items()
+        }
+    if "category_popularity" in methods:
+        out["category_popularity"] = {
+            c: collect_ranking(bl.category_popularity(ui, users, pool, attributes, k))
+            for c, pool in pools.items()
+        }
+    if "als" in methods:
+        choice = tune_als_on_history(spark, cfg, split, pools["graph"], k)
+        context["als"] = choice
+        fitted = bl.als_fit(ui, choice.params)
+        ranked = collect_ranking(bl.als_rank(fitted, users, pools["graph"], k))
+        out["als"] = {"graph": ranked, "catalog": ranked}  # ALS cannot score an item it never saw
+    return out
+
+
+def tune_als_on_history(spark, cfg: EvalConfig, split: Split, graph_pool: DataFrame, k: int) -> bl.AlsChoice:
+    """ALS's grid scored on a validation split of the history itself (same protocol, one step earlier)."""
+    history = split.history
+    if cfg.protocol == "temporal":
+        last_day = history.where(F.col("ds") == F.lit(split.history_ds)).agg(F.min("event_time")).first()[0]
+        inner = temporal_split(history, split.catalog, last_day.replace(tzinfo=dt.UTC))
+    else:
+        inner = last_conversion_split(history, split.catalog)
+    train_ui = bl.interactions(inner.history).cache()
+    validation = inner.targets.select(bl.user_node().alias("user"), bl.item_node().alias("item")).toPandas()
+    truth: dict[int, set[int]] = {}
+    for user, item in zip(validation["user"].tolist(), validation["item"].tolist(), strict=True):
+        truth.setdefault(user, set()).add(item)
+    val_users = spark.createDataFrame(pd.DataFrame({"user": np.array(sorted(truth), dtype=np.int64)}))
+
+    def score(ranking: DataFrame) -> float:
+        metrics = per_user_metrics(collect_ranking(ranking), truth, ks=(TUNE_K,))
+        values = metrics.values[f"ndcg@{TUNE_K}"]
+        return float(values.mean()) if len(values) else float("nan")
+
+    if not truth:
+        raise HirError("ALS tuning: the history has no validation conversions (no deep events to hold out)")
+    return bl.tune_als(train_ui, val_users, graph_pool, score, k, grid=cfg.als_grid)
+
+
+# -- the job -----------------------------------------------------------------------------------------------------
+
+
+def metric_rows(
+    rankings: dict[str, dict[str, dict[int, np.ndarray]]], data: EvalData, cfg: EvalConfig
+) -> list[dict]:
+    rows = []
+    for candidates in CANDIDATE_SETS:
+        for slice_ in SLICES:
+            truth = slice_targets(data, candidates, slice_)
+            if not truth:
+                continue
+            for method, by_pool in rankings.items():
+                per_user = per_user_metrics(by_pool.get(candidates, {}), truth, ks=cfg.ks)
+                for row in summarise(per_user, samples=cfg.bootstrap, seed=cfg.seed):
+                    rows.append({"method": method, "candidates": candidates, "slice": slice_, **row})
+    return rows
+
+
+def token_usage(
+    spark: SparkSession, cfg: EvalConfig, ds: dt.date, codes_per_level: int
+) -> dict[int, dict[str, float]]:
+    """Per BoM level, over the entities' strongest token: share of the level's codes in use, normalised entropy
+    of the code distribution (1 = every code equally used), and the share of entities whose path down to this
+    level is shared with another entity (collisions: 1 at a coarse level, falling as levels refine)."""
+    tokens = read_table(spark, BOM_TOKENS, cfg.history_warehouse).where(
+        (F.col("ds") == F.lit(ds)) & (F.col("rank") == 1)
+    )
+    counts = (
+        tokens.select("bom_level", "token", F.element_at(F.split("token", r"\."), -1).alias("code"))
+        .groupBy("bom_level", "token", "code")
+        .count()
+        .toPandas()
+    )
+    usage = {}
+    for level, group in counts.groupby("bom_level"):
+        per_code = group.groupby("code")["count"].sum().to_numpy(float)
+        share = per_code / per_code.sum()
+        entropy = (
+            float(-(share * np.log(share)).sum() / np.log(codes_per_level)) if codes_per_level > 1 else 0.0
+        )
+        shared = group.loc[group["count"] > 1, "count"].sum() / group["count"].sum()
+        usage[int(level)] = {
+            "codes used (share)": len(per_code) / codes_per_level,
+            "normalised entropy": entropy,
+            "collision rate": float(shared),
+        }
+    return usage
+
+
+def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
+    from jobs.eval.report import console_table, write_report
+
+    started = time.perf_counter()
+    log = StageLog("evaluate", {"dataset": cfg.name, "protocol": cfg.protocol})
+    split = make_split(spark, cfg)
+    ds = split.history_ds
+    history_versions = write_history(spark, split, cfg)
+    variants = [m for m in HIR_VARIANTS if m in cfg.methods]
+    built = run_history_pipeline(spark, cfg, ds, variants)
+    ui = bl.interactions(split.history).cache()
+    data = collect_eval_data(spark, split, ui)
+    if not len(data.users):
+        raise HirError(f"{cfg.protocol}: no user has both history and a deep-funnel target")
+    k = max(cfg.ks)
+    context: dict = {}
+    rankings: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    timings = dict(built["timings"])
+    for name in variants:
+        t0 = time.perf_counter()
+        if name == "hir":
+            rankings[name] = hir_rankings(spark, cfg, data, ds, k)
+        else:
+            pdf = variant_embeddings(spark, cfg, ds, built["models"][name].path)
+            rankings[name] = embedding_rankings(
+                pdf[pdf["node_type"] == "user"], pdf[pdf["node_type"] == "item"], data, k
+            )
+        timings[f"rank {name}"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    rankings.update(spark_rankings(spark, cfg, split, ui, data, cfg.methods, k, context))
+    timings["rank spark baselines"] = round(time.perf_counter() - t0, 1)
+    if "content_only" in cfg.methods:
+        rankings["content_only"] = content_rankings(spark, cfg, ui, data, k)
+    rankings = {m: rankings[m] for m in METHODS if m in rankings}
+
+    model_version = built["models"]["hir"].version if "hir" in built["models"] else ""
+    rows = [
+        {"dataset": cfg.name, "protocol": cfg.protocol, "model_version": model_version, **row}
+        for row in metric_rows(rankings, data, cfg)
+    ]
+    version = write_metrics(spark, cfg, ds, rows)
+    targets_total = sum(len(t) for t in data.targets.values())
+    new_targets = sum(len(t & data.new_items) for t in data.targets.values())
+    ctx = {
+        "dataset": cfg.name,
+        "protocol": cfg.protocol,
+        "cut-off": split.cutoff,
+        "history day (ds)": str(ds),
+        "users": len(data.users),
+        "users without prior conversion": sum(1 for u in data.users.tolist() if u not in data.converted),
+        "targets": targets_total,
+        "targets on items new after the cut-off": new_targets,
+        "graph items": len(data.graph_items),
+        "catalog items": len(data.catalog_items),
+        "HIR model": model_version,
+        **{f"model {n}": r.version for n, r in built["models"].items() if n != "hir"},
+        "history tables": ", ".join(f"{t} v{v}" for t, v in history_versions.items()),
+    }
+    if "als" in context:
+        choice = context["als"]
+        ctx["ALS grid (validation NDCG@50)"] = "; ".join(
+            f"rank {int(p['rank'])} reg {p['regParam']} alpha {p['alpha']}: {s:.4f}" for p, s in choice.grid
+        )
+        ctx["ALS chosen"] = json.dumps(choice.params)
+    notes = [
+        "Catalog candidates are the items these logs know: each was interacted with by someone, some only after "
+        "the cut-off. A real catalog also holds items nobody ever touches, so the catalog set here is richer in "
+        "targets than a real one; compare methods only within a candidate set.",
+        "ALS and co-visitation only score items seen in the history: on the catalog set they cannot reach new "
+        "items by construction. Category-aware popularity, content-only and HIR can.",
+        "CIs: percentile bootstrap over users (" + str(cfg.bootstrap) + " resamples).",
+        "Stage times (s): " + ", ".join(f"{n} {s}" for n, s in timings.items()),
+    ]
+    folder = (
+        Path(cfg.report_dir) if cfg.report_dir else Path(cfg.warehouse) / "reports" / cfg.protocol / str(ds)
+    )
+    path = write_report(
+        folder,
+        rows,
+        title=f"HIR deep-funnel evaluation: {cfg.name} ({cfg.protocol})",
+        context=ctx,
+        notes=notes,
+        token_usage=token_usage(
+            spark, cfg, ds, int(built["models"]["hir"].summary["quantiser"]["codes_per_level"])
+        )
+        if "hir" in rankings
+        else None,
+    )
+    print(console_table(rows, k=50))
+    report = EvalReport(
+        cfg.name, cfg.protocol, ds, model_version, rows, ctx, path, time.perf_counter() - started, version
+    )
+    log.counts.update(
+        users=len(data.users), targets=targets_total, rows_out=len(rows), eval_metrics_version=version
+    )
+    log.emit()
+    return report
+
+
+def write_metrics(spark: SparkSession, cfg: EvalConfig, ds: dt.date, rows: list[dict]) -> int:
+    """Replace this dataset's and protocol's rows of the day in `eval_metrics`."""
+    pdf = pd.DataFrame(rows, columns=[c for c in EVAL_METRICS.columns if c != "ds"])
+    pdf["k"] = pdf["k"].astype("int32")
+    pdf["num_users"] = pdf["num_users"].astype("int64")
+    frame = spark.createDataFrame(
+        pdf, EVAL_METRICS.schema.__class__([f for f in EVAL_METRICS.schema.fields if f.name != "ds"])
+    )
+    frame = frame.withColumn("ds", F.lit(ds))
+    where = f"ds = DATE'{ds}' AND dataset = '{cfg.name}' AND protocol = '{cfg.protocol}'"
+    if "'" in cfg.name:
+        raise HirError(f"dataset name {cfg.name!r} may not contain a quote")
+    return write_table(frame, EVAL_METRICS, cfg.warehouse, where)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = config_from_args(argv)
+    report = evaluate(get_spark("hir-evaluate"), cfg)
+    print(report.line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_job(main))
