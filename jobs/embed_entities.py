@@ -108,15 +108,16 @@ def config_from_args(argv: Sequence[str] | None) -> EmbedConfig:
     if a.batch_size <= 0 or a.arrow_batch_size <= 0 or a.top_n <= 0 or a.temperature <= 0:
         raise HirError("--batch-size, --arrow-batch-size, --top-n and --temperature must be positive")
     return EmbedConfig(
-        a.ds,
-        a.warehouse,
-        a.model,
-        a.batch_size,
-        a.arrow_batch_size,
-        a.device,
-        a.precision,
-        a.top_n,
-        a.temperature,
+        ds=a.ds,
+        warehouse=a.warehouse,
+        model=a.model,
+        batch_size=a.batch_size,
+        arrow_batch_size=a.arrow_batch_size,
+        device=a.device,
+        precision=a.precision,
+        top_n=a.top_n,
+        temperature=a.temperature,
+        allow_collapsed=a.allow_collapsed,
     )
 
 

@@ -182,3 +182,8 @@ def test_collapsed_model_is_refused(day, tmp_path):
         check_not_collapsed(model_dir, allow=False)
     check_not_collapsed(model_dir, allow=True)
     check_not_collapsed(day[1], allow=False)
+    # The flag reaches the config (it used to be parsed and dropped).
+    from jobs.embed_entities import config_from_args
+
+    assert config_from_args(["--ds", "2026-01-07", "--allow-collapsed"]).allow_collapsed is True
+    assert config_from_args(["--ds", "2026-01-07"]).allow_collapsed is False
