@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -130,15 +129,13 @@ class EvalReport:
 
 
 def parse_stage_args(values: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """['train=--epochs 3 --dim 32', ...] -> {'train': ('--epochs', '3', '--dim', '32')}."""
-    out: dict[str, tuple[str, ...]] = {}
-    for value in values:
-        stage, sep, flags = value.partition("=")
-        if not sep or stage not in STAGES_WITH_ARGS:
-            raise HirError(
-                f"--stage-args '{value}': expected STAGE=\"--flag value\" with STAGE one of {STAGES_WITH_ARGS}"
-            )
-        out[stage] = (*out.get(stage, ()), *shlex.split(flags))
+    """['train=--epochs 3 --dim 32', ...] -> {'train': ('--epochs', '3', '--dim', '32')}, history stages only."""
+    from jobs.pipeline import parse_stage_args as pipeline_stage_args
+
+    out = pipeline_stage_args(values)
+    for stage in out:
+        if stage not in STAGES_WITH_ARGS:
+            raise HirError(f"--stage-args {stage}: the evaluation runs only {', '.join(STAGES_WITH_ARGS)}")
     return out
 
 
@@ -341,10 +338,16 @@ def run_history_pipeline(spark: SparkSession, cfg: EvalConfig, ds: dt.date, vari
             lambda c=train_cfg: train_encoder.train(c, train_encoder.resolve_inputs(spark, c)),
         )
         if report.collapsed:
-            raise HirError(f"HIR variant {name} collapsed in training ({report.collapse_detail})")
+            # Still evaluated (a collapsed variant is a result of the ablation), and flagged in the report.
+            print(
+                f"[evaluate] warning: {name} collapsed in training ({report.collapse_detail})",
+                file=sys.stderr,
+            )
         models[name] = report
     if "hir" in models:
-        embed_cfg = embed_entities.config_from_args([*args("embed"), "--model", str(models["hir"].path)])
+        embed_cfg = embed_entities.config_from_args(
+            [*args("embed"), "--model", str(models["hir"].path), "--allow-collapsed"]
+        )
         timed("embed hir", lambda: embed_entities.embed(spark, embed_cfg))
         timed(
             "build-index",
@@ -708,6 +711,11 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
         "items by construction. Category-aware popularity, content-only and HIR can.",
         "CIs: percentile bootstrap over users (" + str(cfg.bootstrap) + " resamples).",
         "Stage times (s): " + ", ".join(f"{n} {s}" for n, s in timings.items()),
+        *(
+            f"**{n} collapsed in training** ({r.collapse_detail}): its rows measure a collapsed model."
+            for n, r in built["models"].items()
+            if r.collapsed
+        ),
     ]
     folder = (
         Path(cfg.report_dir) if cfg.report_dir else Path(cfg.warehouse) / "reports" / cfg.protocol / str(ds)
