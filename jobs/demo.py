@@ -1,139 +1,108 @@
-"""The `make demo` driver: every stage that exists, on the synthetic source and on the real datasets.
+"""The `make demo` driver: `hir pipeline` with the evaluation, on the synthetic source and on the real datasets.
 
     python -m jobs.demo            # WAREHOUSE (default ./warehouse) and HIR_SHARED_DATA (../shared/data)
+    python -m jobs.demo synthetic  # only the named datasets
 
-Each dataset gets its own warehouse under ./warehouse/<dataset>/. Real datasets are skipped with a note when
-their folder is absent.
+Each dataset gets its own warehouse under ./warehouse/<dataset>/ (tables, models, indexes, the evaluation's
+history warehouse under eval/, the report under reports/). Model sizes come from conf/pipeline/demo.toml; the
+evaluation trains its models with the same flags. Real datasets are skipped with a note when their folder is
+absent. A rerun resumes: stages whose outputs are fresh are skipped (the pipeline's lineage).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
+import shlex
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.build_graph import GraphConfig, build_graph, format_counts
 from jobs.common.args import run_job
-from jobs.common.spark import get_spark
-from jobs.ingest_events import IngestConfig, ingest
-from jobs.sample_neighbourhoods import SampleConfig, sample_day
-from jobs.sources.synthetic import SyntheticSpec
+from jobs.common.spark import PROJECT_ROOT, get_spark
+from jobs.eval.report import console_table
+from jobs.pipeline import config_args, config_from_args, run_pipeline
+
+DEMO_CONFIG = PROJECT_ROOT / "conf" / "pipeline" / "demo.toml"
 
 
-def datasets(shared: Path) -> list[tuple[str, IngestConfig | None, str]]:
-    """(name, ingest config or None when absent, note)."""
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    ds: str  # the day the pipeline builds: the dataset's last day
+    ingest: tuple[str, ...]  # --source and its flags
+    evaluate: tuple[str, ...]  # protocol flags
+    input_path: Path | None = None  # None: generated
+
+
+def datasets(shared: Path) -> list[Dataset]:
     taobao = shared / "taobao_userbehavior" / "UserBehavior_user_complete.csv"
     rees46 = shared / "rees46_oct2019" / "2019-Oct_head.csv"
     return [
-        (
+        Dataset(
             "synthetic",
-            IngestConfig(source="synthetic", synthetic=SyntheticSpec(users=2000, items=5000, events=200_000)),
-            "2k users, 5k items, ~200k events with planted interests",
+            "2026-01-07",  # SyntheticSpec's default 7 days from 2026-01-01
+            # Smaller than demo.toml's [ingest]: minutes on 2 cores with the evaluation's four trainings.
+            ("--source", "synthetic", "--users", "1000", "--items", "2000", "--events", "60000"),
+            ("--protocol", "temporal", "--cutoff", "2026-01-07T00:00:00+00:00"),
         ),
-        (
+        Dataset(
             "taobao",
-            IngestConfig(source="taobao", inputs=(str(taobao),)) if taobao.exists() else None,
-            str(taobao),
+            "2017-12-03",
+            ("--source", "taobao", "--input", str(taobao)),
+            # SOURCE.md's deep-funnel split: history before 2017-12-02 00:00 China time.
+            ("--protocol", "temporal", "--cutoff", "2017-12-02T00:00:00+08:00"),
+            taobao,
         ),
-        (
+        Dataset(
             "rees46",
-            IngestConfig(source="rees46", inputs=(str(rees46),)) if rees46.exists() else None,
-            str(rees46),
+            "2019-10-01",
+            ("--source", "rees46", "--input", str(rees46)),
+            # Three hours of data: too short for a global cut-off (SOURCE.md).
+            ("--protocol", "leave_last_conversion_out"),
+            rees46,
         ),
     ]
 
 
-def graph_and_samples(spark, name: str, warehouse: str, ds: dt.date) -> bool:
-    """build-graph then sample-neighbourhoods for the dataset's last day; print counts per node and edge type."""
-    started = time.perf_counter()
-    graph = build_graph(spark, GraphConfig(ds=ds, warehouse=warehouse))
-    print(f"[{name}] graph   {graph.line()}  ({time.perf_counter() - started:.1f}s)")
-    print(f"[{name}]   nodes: {format_counts(graph.nodes)}")
-    print(f"[{name}]   edges: {format_counts(graph.edges)}")
-    started = time.perf_counter()
-    samples = sample_day(spark, SampleConfig(ds=ds, warehouse=warehouse))
-    for node_type, s in sorted(samples.items()):
-        print(
-            f"[{name}] sample  {node_type}: {s['rows']} rows, {s['mean_tokens']} tokens on average, "
-            f"{s['with_deep']} with a deep-funnel token  ({time.perf_counter() - started:.1f}s)"
-        )
-    return graph.reconciles
-
-
-def model_stages(spark, name: str, warehouse: str, ds: dt.date, epochs: int) -> bool:
-    """enrich -> train -> embed -> build-index -> one query: the rest of the day's pipeline."""
-    from jobs.build_index import build_index
-    from jobs.build_index import config_from_args as index_args
-    from jobs.embed_entities import EmbedConfig, embed
-    from jobs.enrich_entities import EnrichConfig, enrich
-    from jobs.index.reader import open_index
-    from jobs.query_index import top_k, user_vector
-    from jobs.train_encoder import config_from_args as train_args
-    from jobs.train_encoder import resolve_inputs, train
-
-    started = time.perf_counter()
-    content = enrich(spark, EnrichConfig(ds=ds, warehouse=warehouse))
-    print(
-        f"[{name}] enrich  {content.nodes} nodes, {content.embedded} embedded  ({time.perf_counter() - started:.1f}s)"
-    )
-    started = time.perf_counter()
-    # Small model settings so the demo trains in minutes on 2 cores; the defaults are for real runs.
-    cfg = train_args(
-        ["--ds", str(ds), "--warehouse", warehouse, "--epochs", str(epochs), "--batch-size", "128", "--dim", "32",
-         "--heads", "2", "--prototypes", "64", "--id-buckets", "65536", "--lr", "2e-3", "--no-progress"]
-    )  # fmt: skip
-    report = train(cfg, resolve_inputs(spark, cfg))
-    print(f"[{name}] train   {report.line()}  ({time.perf_counter() - started:.1f}s)")
-    if report.collapsed:
-        return False
-    started = time.perf_counter()
-    embedded = embed(spark, EmbedConfig(ds=ds, warehouse=warehouse))
-    print(f"[{name}] embed   {embedded.entities} entities  ({time.perf_counter() - started:.1f}s)")
-    started = time.perf_counter()
-    index = build_index(spark, index_args(["--ds", str(ds), "--warehouse", warehouse]))
-    print(f"[{name}] index   {index.line()}  ({time.perf_counter() - started:.1f}s)")
-    user = (
-        spark.read.format("delta").load(f"{warehouse}/embeddings")
-        .where(f"ds = DATE'{ds}' AND entity_type = 'user'").orderBy("raw_id").select("raw_id").first()
-    )  # fmt: skip
-    if user is not None:
-        reader = open_index(warehouse, "item")
-        hits = top_k(reader, user_vector(spark, warehouse, user[0], reader.manifest), 5)
-        print(
-            f"[{name}] query   user {user[0]} -> "
-            + ", ".join(f"{h['raw_id']} ({h['score']:.2f})" for h in hits)
-        )
-    return True
+def pipeline_argv(dataset: Dataset, warehouse: Path) -> list[str]:
+    train = shlex.join(config_args(str(DEMO_CONFIG)).get("train", ()))
+    evaluate = shlex.join([*dataset.evaluate, "--stage-args", f"train={train}"])
+    return [
+        "--ds",
+        dataset.ds,
+        "--warehouse",
+        str(warehouse),
+        "--config",
+        str(DEMO_CONFIG),
+        "--evaluate",
+        "--stage-args",
+        f"evaluate={evaluate}",
+        *dataset.ingest,
+    ]
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     root = Path(os.environ.get("WAREHOUSE", "warehouse"))
     shared = Path(os.environ.get("HIR_SHARED_DATA", "../shared/data"))
+    chosen = [d for d in datasets(shared) if not argv or d.name in argv]
     spark = get_spark("hir-demo")
-    summary = []
-    graphs = []
-    for name, cfg, note in datasets(shared):
-        if cfg is None:
-            print(f"[{name}] skipped: {note} not found")
+    outcomes = []
+    for dataset in chosen:
+        if dataset.input_path is not None and not dataset.input_path.exists():
+            print(f"[{dataset.name}] skipped: {dataset.input_path} not found")
             continue
-        started = time.perf_counter()
-        cfg = IngestConfig(**{**cfg.__dict__, "warehouse": str(root / name)})
-        report = ingest(spark, cfg)
-        print(f"[{name}] ingest  {report.line()}  ({time.perf_counter() - started:.1f}s)")
-        summary.append((name, report))
-        ds = dt.date.fromisoformat(report.days[-1])
-        ok = graph_and_samples(spark, name, cfg.warehouse, ds)
-        ok = model_stages(spark, name, cfg.warehouse, ds, epochs=5 if name == "synthetic" else 3) and ok
-        graphs.append((name, ok))
+        print(f"\n=== {dataset.name} -> {root / dataset.name}")
+        report = run_pipeline(spark, config_from_args(pipeline_argv(dataset, root / dataset.name)))
+        outcomes.append((dataset.name, report))
     print("\nsummary")
-    for name, report in summary:
-        print(
-            f"  {name:<10} events {report.events:>8}  rejects {report.rejects:>4}  duplicates {report.duplicates:>5}"
-            f"  days {len(report.days):>3}  -> {root / name}"
-        )
-    return 0 if all(r.reconciles for _, r in summary) and all(graphs_ok for _, graphs_ok in graphs) else 1
+    for name, report in outcomes:
+        evaluation = report.result("evaluate")
+        print(f"  {name:<10} {'ok' if report.ok else 'FAILED'} in {report.seconds:.0f}s -> {root / name}")
+        print(f"    {evaluation.line}")
+        if evaluation.report is not None:  # ran now (a fresh evaluation is skipped: its report is on disk)
+            print(console_table(evaluation.report.rows, k=50))
+    return 0 if outcomes and all(report.ok for _, report in outcomes) else 1
 
 
 if __name__ == "__main__":
