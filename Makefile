@@ -57,4 +57,26 @@ clean: ## Remove generated tables, caches and build output (keeps .venv and .jar
 distclean: clean ## Also remove .venv and .jars
 	rm -rf $(VENV) $(JARS)
 
-.PHONY: help setup lint test test-fast format demo clean distclean
+# Cluster packaging (README "Running on a cluster"). DIST_VENV=1 also packs an executor virtualenv for
+# `--archives` (plain `python -m venv` + tar: executors need the same python3.11 path as this machine, since a
+# venv links to its base interpreter; torch's CUDA wheels make it about 3 GB).
+DIST ?= dist
+DIST_VENV ?= 0
+DIST_VENV_BUILD := build/executor-venv
+
+dist: setup ## Package for spark-submit: dist/hir_pipeline-<ver>.zip (--py-files) + wheel; DIST_VENV=1 adds a venv
+	@version=$$($(PY) setup.py --version 2>/dev/null) && mkdir -p $(DIST) && \
+	rm -f $(DIST)/hir_pipeline-$$version.zip $(DIST)/hir_pipeline-$$version-*.whl && \
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir $(DIST) . && \
+	$(PY) -c 'import pathlib, sys, zipfile; z = zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED); \
+	[z.write(f) for d in sys.argv[2:] for f in sorted(pathlib.Path(d).rglob("*.py"))]; z.close()' \
+	$(DIST)/hir_pipeline-$$version.zip jobs hir_model udfs schemas && \
+	if [ "$(DIST_VENV)" = 1 ]; then \
+	rm -rf $(DIST_VENV_BUILD) && $(PYTHON) -m venv $(DIST_VENV_BUILD) && \
+	$(DIST_VENV_BUILD)/bin/python -m pip install --quiet -r requirements.txt && \
+	$(DIST_VENV_BUILD)/bin/python -m pip install --quiet --no-deps -r requirements-nodeps.txt \
+	$(DIST)/hir_pipeline-$$version-py3-none-any.whl && \
+	tar -C $(DIST_VENV_BUILD) -czf $(DIST)/hir_venv-$$version.tar.gz . ; fi && \
+	ls -1 $(DIST)/hir_*$$version*
+
+.PHONY: help setup lint test test-fast format demo clean distclean dist

@@ -3,10 +3,14 @@
 `write_table` refuses a DataFrame whose columns do not match the table's declared schema (naming the column), and
 replaces exactly the slice it is told to (`replaceWhere`), so a rerun of the same day replaces and never appends.
 A Delta commit is atomic: a job killed mid-write leaves the previous version in place.
+Two jobs writing the same slice at once: Delta lets one commit, the other stops with one line (rerun it).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -81,14 +85,50 @@ def write_table(
     Delta checks that every written row matches `replace_where`, so a job cannot write outside its slice.
     """
     spark = df.sparkSession
-    path = ensure_table(spark, spec, warehouse)
-    writer = conform(df, spec).write.format("delta").mode("overwrite")
-    if replace_where is not None:
-        writer = writer.option("replaceWhere", replace_where)
-    if user_metadata:
-        writer = writer.option("userMetadata", user_metadata)
-    writer.save(path)
+    with concurrent_write_is_an_error(spec, warehouse):
+        path = ensure_table(spark, spec, warehouse)
+        writer = conform(df, spec).write.format("delta").mode("overwrite")
+        if replace_where is not None:
+            writer = writer.option("replaceWhere", replace_where)
+        if user_metadata:
+            writer = writer.option("userMetadata", user_metadata)
+        writer.save(path)
     return table_version(spark, spec, warehouse)
+
+
+# Delta's commit conflicts (io.delta.exceptions.*): another writer committed to the slice this one read.
+_CONFLICT = re.compile(
+    r"io\.delta\.exceptions\.((?:Concurrent\w*|MetadataChanged|ProtocolChanged|DeltaConcurrentModification)"
+    r"Exception)"
+)
+
+
+@contextmanager
+def concurrent_write_is_an_error(spec: TableSpec, warehouse: str | Path) -> Iterator[None]:
+    """Turn a Delta commit conflict into a one-line HirError: nothing of the losing write was committed, so
+    rerunning it is safe (it replaces the same slice)."""
+    from delta import exceptions as conflicts
+
+    try:
+        yield
+    except Exception as exc:
+        kinds = tuple(getattr(conflicts, name) for name in conflicts.__all__)
+        found = _CONFLICT.search(str(exc))
+        if not isinstance(exc, kinds) and found is None:
+            raise
+        text = str(exc)
+        if isinstance(exc, kinds):
+            kind, detail = type(exc).__name__, text
+        else:
+            kind, detail = found.group(1), text[found.end() :]
+        # First line of Delta's message, without its error class and repeated exception name.
+        detail = (detail.strip(" :\n").splitlines() or [""])[0]
+        detail = re.sub(rf"^(\[[A-Z_.]+\]\s*)?({kind}:\s*)?", "", detail)
+        detail = re.sub(r"\s*Refer to https?://\S+ for more information\.?$", "", detail).strip()
+        raise HirError(
+            f"table {spec.name} at {table_path(warehouse, spec)}: concurrent write, rerun the job "
+            f"({kind}: {detail})"
+        ) from None
 
 
 def merge_table(df: DataFrame, spec: TableSpec, warehouse: str | Path, keys: tuple[str, ...]) -> int:
@@ -96,16 +136,17 @@ def merge_table(df: DataFrame, spec: TableSpec, warehouse: str | Path, keys: tup
     from delta.tables import DeltaTable
 
     spark = df.sparkSession
-    path = ensure_table(spark, spec, warehouse)
     condition = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
-    (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(conform(df, spec).alias("s"), condition)
-        .whenMatchedUpdateAll()
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
+    with concurrent_write_is_an_error(spec, warehouse):
+        path = ensure_table(spark, spec, warehouse)
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(conform(df, spec).alias("s"), condition)
+            .whenMatchedUpdateAll()
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
     return table_version(spark, spec, warehouse)
 
 

@@ -81,16 +81,21 @@ def get_spark(
     extra_conf: dict[str, str] | None = None,
 ):
     """Return the active SparkSession, creating it with Delta enabled if needed."""
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
 
+    # spark-submit starts the JVM first and hands the Python driver its gateway port; --master/--conf/--jars
+    # are that JVM's system properties, which SparkConf() only sees once connected to it (unconnected, it is an
+    # empty Python-side conf, and the local defaults below would override the cluster's master).
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if under_submit:
+        SparkContext._ensure_initialized()
     given = SparkConf()  # holds spark-submit's --master/--conf/--jars when launched that way
     builder = SparkSession.builder.appName(app_name)
-    under_submit = given.contains("spark.master")
     if not under_submit:
         # Python workers (pandas UDFs) must run the driver's interpreter, i.e. the project's virtualenv,
         # not whatever `python3` is first on PATH.

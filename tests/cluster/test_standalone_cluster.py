@@ -1,0 +1,213 @@
+"""The jobs on a real Spark standalone cluster (a master and two 1-core workers on 127.0.0.1, started from
+the Spark that pyspark ships), submitted with the README's spark-submit line and `make dist`'s zip: the tables
+equal those of a local-mode run on the same input, and losing a worker in the middle of the sampling stage
+changes nothing in the output (task retry over deterministic, hash-keyed sampling).
+
+One cluster serves the module; its finalizer kills every daemon's process group even when a test fails.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+
+from jobs import build_graph, enrich_entities, ingest_events, sample_neighbourhoods
+from jobs.common.delta import read_table
+from schemas.tables import (
+    EDGES,
+    ENTITIES,
+    ENTITY_CONTENT,
+    EVENTS,
+    INGEST_REJECTS,
+    NEIGHBOURHOODS,
+    NODES,
+    SYNTHETIC_TRUTH,
+)
+from tests.cluster.standalone import (
+    StandaloneCluster,
+    build_dist,
+    finish,
+    free_port,
+    get_json,
+    job_script,
+    kill_group,
+    run_submit,
+    start_submit,
+    submit_command,
+)
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+DS = "2026-01-07"  # the synthetic source's last day (start 2026-01-01, 7 days)
+# Small, but every stage still shuffles over several partitions and both executors get tasks.
+SYNTHETIC = ["--source", "synthetic", "--users", "200", "--items", "400", "--events", "3000", "--seed", "11"]
+# (job module, its flags without --warehouse); enrich runs a pandas UDF on the executors (their Python env).
+STEPS = [
+    (ingest_events, SYNTHETIC),
+    (build_graph, ["--ds", DS]),
+    (sample_neighbourhoods, ["--ds", DS]),
+    (enrich_entities, ["--ds", DS, "--encoder", "hashing:32"]),
+]
+TABLES = (EVENTS, ENTITIES, INGEST_REJECTS, SYNTHETIC_TRUTH, NODES, EDGES, NEIGHBOURHOODS, ENTITY_CONTENT)
+# Other partition counts than the tests' local session (2): the tables must not depend on the partitioning.
+CLUSTER_CONF = {"spark.sql.shuffle.partitions": "3", "spark.default.parallelism": "3"}
+
+
+def job_name(module) -> str:
+    return module.__name__.rsplit(".", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    standalone = StandaloneCluster(tmp_path_factory.mktemp("standalone"), workers=2, cores=1, memory="1g")
+    try:
+        yield standalone.start()
+    finally:
+        standalone.stop()
+
+
+@pytest.fixture(scope="module")
+def dist_zip(tmp_path_factory) -> Path:
+    return build_dist(tmp_path_factory.mktemp("dist"))
+
+
+@dataclass(frozen=True)
+class Runs:
+    local: Path
+    cluster: Path
+
+
+@pytest.fixture(scope="module")
+def runs(spark, cluster, dist_zip, tmp_path_factory) -> Runs:
+    """Every step in local mode (in-process, the tests' session) and on the cluster (spark-submit)."""
+    root = tmp_path_factory.mktemp("runs")
+    local, on_cluster = root / "local", root / "cluster"
+    timings = []
+    for module, flags in STEPS:
+        started = time.perf_counter()
+        assert module.main([*flags, "--warehouse", str(local)]) in (0, None)
+        local_seconds = time.perf_counter() - started
+        command = submit_command(
+            cluster.url,
+            job_script(job_name(module)),
+            [*flags, "--warehouse", str(on_cluster)],
+            dist_zip,
+            CLUSTER_CONF,
+        )
+        done = run_submit(command, cwd=root)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        timings.append((job_name(module), local_seconds, done.stage_seconds(), done.seconds))
+
+    print("\nwall time, same input: local mode (in-process) vs standalone cluster (2 workers x 1 core)")
+    timings.append(("total", *(sum(t[i] for t in timings) for i in (1, 2, 3))))
+    for name, local_s, stage_s, submit_s in timings:
+        print(
+            f"  {name:22s} local {local_s:6.1f} s  cluster: job {stage_s:6.1f} s, "
+            f"spark-submit {submit_s:6.1f} s"
+        )
+    return Runs(local, on_cluster)
+
+
+def test_dist_zip_holds_every_module_and_imports_on_its_own(dist_zip):
+    packages = ("jobs", "hir_model", "udfs", "schemas")
+    wanted = {str(p.relative_to(REPO_ROOT)) for d in packages for p in (REPO_ROOT / d).rglob("*.py")}
+    with zipfile.ZipFile(dist_zip) as archive:
+        assert wanted <= set(archive.namelist())
+    # First on sys.path, as --py-files puts it on executors: the jobs import from the zip, not the checkout.
+    probe = "import sys; sys.path.insert(0, sys.argv[1]); import jobs.build_graph as job; print(job.__file__)"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(dist_zip)], cwd=dist_zip.parent, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(dist_zip / "jobs" / "build_graph.py")
+
+
+def test_cluster_tables_equal_local_mode(spark, cluster, runs):
+    finished = {app["name"] for app in cluster.state()["completedapps"] if app["state"] == "FINISHED"}
+    # The apps ran on the cluster's executors, not in a local master the session factory picked by itself.
+    assert {"hir-ingest-synthetic", "hir-build-graph", "hir-sample-neighbourhoods", "hir-enrich"} <= finished
+    for spec in TABLES:
+        local = read_table(spark, spec, runs.local)
+        on_cluster = read_table(spark, spec, runs.cluster)
+        assert on_cluster.count() == local.count(), spec.name
+        assert_df_equality(on_cluster, local, ignore_row_order=True)
+    assert read_table(spark, NEIGHBOURHOODS, runs.cluster).count() > 0
+
+
+def app_stages(ui: str, status: str = "") -> list[dict] | None:
+    """The stages of the driver's app from its REST API; None while the UI is not up (or already gone)."""
+    try:
+        (app,) = get_json(f"{ui}/api/v1/applications", timeout=1)
+        return get_json(f"{ui}/api/v1/applications/{app['id']}/stages{status}", timeout=2)
+    except (OSError, ValueError):
+        return None
+
+
+def running_stage(ui: str) -> dict | None:
+    """An active stage with both executors busy and some tasks done, if there is one."""
+    for stage in app_stages(ui, "?status=active") or []:
+        if stage["numTasks"] >= 8 and stage["numActiveTasks"] >= 2 and 0 < stage["numCompleteTasks"]:
+            return stage
+    return None
+
+
+def test_sampling_survives_losing_a_worker_mid_stage(spark, cluster, dist_zip, runs, tmp_path):
+    """SIGKILL a worker and its executor while a sampling stage runs on both; the job retries the lost tasks
+    (and recomputes the lost shuffle output) and writes exactly the undisturbed run's rows."""
+    cluster.ensure_workers()
+    ui_port = free_port()
+    conf = {
+        **CLUSTER_CONF,
+        # Many small tasks so that the kill lands inside a stage, and AQE does not merge them back.
+        "spark.sql.shuffle.partitions": "12",
+        "spark.sql.adaptive.coalescePartitions.enabled": "false",
+        "spark.ui.enabled": "true",
+        "spark.ui.port": str(ui_port),
+        "spark.task.maxFailures": "4",
+    }
+    flags = ["--ds", DS, "--warehouse", str(runs.cluster)]
+    command = submit_command(cluster.url, job_script("sample_neighbourhoods"), flags, dist_zip, conf)
+    running = start_submit(command, cwd=tmp_path)
+    proc = running.proc
+    ui = f"http://127.0.0.1:{ui_port}"
+    killed_in, failed_tasks = None, 0
+    try:
+        deadline = time.monotonic() + 600
+        while killed_in is None and proc.poll() is None and time.monotonic() < deadline:
+            killed_in = running_stage(ui)
+            if killed_in is None:
+                time.sleep(0.05)
+        if killed_in is not None:
+            cluster.kill_worker(0)
+        # Tasks that were running on the lost executor count as failed in their stage (ExecutorLostFailure);
+        # Spark logs them at INFO only, so read the count from the driver's REST API while it is up.
+        while proc.poll() is None:
+            stages = app_stages(ui)
+            if stages is not None:
+                failed_tasks = max(failed_tasks, sum(s["numFailedTasks"] for s in stages))
+            time.sleep(0.2)
+        done = finish(running)
+    finally:
+        kill_group(proc)
+    log = done.stdout + done.stderr
+    assert killed_in is not None, "the job finished before a stage ran on both executors:\n" + log[-3000:]
+    assert done.returncode == 0, log[-4000:]
+    assert "Lost executor" in log, log[-3000:]  # the driver saw the executor go
+    print(
+        f"\nkilled worker 0 in stage {killed_in['stageId']} ({killed_in['numCompleteTasks']}/"
+        f"{killed_in['numTasks']} tasks done, {killed_in['numActiveTasks']} running); {failed_tasks} task(s) "
+        f"lost with the executor and rerun; job finished in {done.seconds:.1f} s, exit {done.returncode}"
+    )
+    assert failed_tasks >= 1  # a running task died with the executor: the kill landed inside a stage
+
+    local = read_table(spark, NEIGHBOURHOODS, runs.local)
+    assert_df_equality(read_table(spark, NEIGHBOURHOODS, runs.cluster), local, ignore_row_order=True)
+    cluster.ensure_workers()
