@@ -48,8 +48,11 @@ format: setup ## Apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-demo: setup ## Run the pipeline on the synthetic source and the real datasets in ../shared/data
+demo: setup ## hir pipeline + evaluation on the synthetic source, then the real datasets in ../shared/data
 	HIR_SHARED_DATA=$(SHARED_DATA) WAREHOUSE=$(WAREHOUSE) $(VENV)/bin/python -m jobs.demo
+
+results: setup ## Rewrite the README's results section from the demo warehouses' eval_metrics (after make demo)
+	$(PY) -m jobs.eval.readme_results $(WAREHOUSE)/synthetic $(WAREHOUSE)/taobao $(WAREHOUSE)/rees46 --readme README.md
 
 clean: ## Remove generated tables, caches and build output (keeps .venv and .jars)
 	rm -rf $(WAREHOUSE) build dist *.egg-info .pytest_cache .ruff_cache spark-warehouse
@@ -79,4 +82,4 @@ dist: setup ## Package for spark-submit: dist/hir_pipeline-<ver>.zip (--py-files
 	tar -C $(DIST_VENV_BUILD) -czf $(DIST)/hir_venv-$$version.tar.gz . ; fi && \
 	ls -1 $(DIST)/hir_*$$version*
 
-.PHONY: help setup lint test test-fast format demo clean distclean dist
+.PHONY: help setup lint test test-fast format demo results clean distclean dist

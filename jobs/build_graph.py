@@ -377,7 +377,9 @@ def attribute_edges(interactions: DataFrame, attributes: DataFrame) -> DataFrame
             "category_id",
             "category_code",
             "brand",
-            F.when(catalog_only, F.lit(1).cast("long")).otherwise(F.col("weight_units")).alias("weight_units"),
+            F.when(catalog_only, F.lit(1).cast("long"))
+            .otherwise(F.col("weight_units"))
+            .alias("weight_units"),
             F.coalesce("event_count", F.lit(0).cast("long")).alias("event_count"),
             F.coalesce("first_time", "seen_time").alias("first_time"),
             F.coalesce("last_time", "seen_time").alias("last_time"),

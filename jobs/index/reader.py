@@ -188,7 +188,9 @@ class IndexReader:
         if allowed is None:
             scores, node_ids = self.index.search(np.ascontiguousarray(queries), k)
             return SearchResult(self.raw_ids_of(node_ids), node_ids, scores)
-        return self._search_allowed(np.ascontiguousarray(queries), k, np.unique(np.asarray(allowed, np.int64)))
+        return self._search_allowed(
+            np.ascontiguousarray(queries), k, np.unique(np.asarray(allowed, np.int64))
+        )
 
     def _search_allowed(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> SearchResult:
         total = int(self.index.ntotal)

@@ -163,7 +163,10 @@ def test_catalog_item_without_interactions_gets_attribute_edges_only(spark, inpu
         assert (r["weight_units"], r["event_count"], r["funnel"]) == (1, 0, "attribute")
         assert r["first_time"] == r["last_time"] == at(0, 6) and r["recency_bucket"] == 0
     # The category chain and i1's edges keep their weights: the new item adds one unit to its category only.
-    chain = {(r["src_raw"], r["dst_raw"]): r["weight"] for r in edges.where("edge_type = 'category_child_of'").collect()}
+    chain = {
+        (r["src_raw"], r["dst_raw"]): r["weight"]
+        for r in edges.where("edge_type = 'category_child_of'").collect()
+    }
     assert chain[("10", "kitchen.mixer")] == pytest.approx(I1 + 1e-9)
 
 
