@@ -270,8 +270,8 @@ def make_split(spark: SparkSession, cfg: EvalConfig) -> Split:
 
 
 def write_history(spark: SparkSession, split: Split, cfg: EvalConfig) -> dict[str, int]:
-    """The history warehouse's `events` and `entities`; rewritten only when the split changed (a rerun of the
-    evaluation then finds its graph, models and index fresh)."""
+    """The history warehouse's `events` and `entities`; rewritten only when the split changed. (The stages
+    after them still run again on a rerun: resuming them through the pipeline's lineage is a follow-up.)"""
     from delta.tables import DeltaTable
 
     source_version = (
