@@ -126,7 +126,7 @@ def test_popularity_metrics_recompute_from_the_history_by_hand(spark, evaluated)
 
 
 @pytest.mark.slow
-def test_a_rerun_replaces_the_rows_and_reuses_the_history(spark, evaluated):
+def test_a_rerun_replaces_the_rows_and_reuses_the_history_tables(spark, evaluated):
     warehouse, cfg, first = evaluated
     history_version = table_version(spark, EVENTS, cfg.history_warehouse)
     again = job.evaluate(spark, cfg)
@@ -135,7 +135,6 @@ def test_a_rerun_replaces_the_rows_and_reuses_the_history(spark, evaluated):
     )  # split unchanged: not rewritten
     rows = read_table(spark, EVAL_METRICS, warehouse).count()
     assert rows == len(first.rows) == len(again.rows)
-    assert again.model_version == first.model_version  # the same training: the model version is reused
     same = {(r["method"], r["candidates"], r["slice"], r["metric"], r["k"]): r["value"] for r in first.rows}
     assert all(np.isclose(same[(r["method"], r["candidates"], r["slice"], r["metric"], r["k"])], r["value"])
                for r in again.rows if not r["method"].startswith("hir"))  # fmt: skip

@@ -316,15 +316,18 @@ def test_config_file_tables_become_each_stage_flags(tmp_path) -> None:
         "ingest": ("--input", "a.csv", "b.csv", "--max-reject-fraction", "0.1"),
         "train": ("--epochs", "2", "--no-content", "--lr", "0.002"),
     }
+    # A warehouse that does not exist yet (a ./warehouse left by `make demo` would have evaluate's flags checked).
+    warehouse = str(tmp_path / "wh")
     cfg = config_from_args(
-        ["--ds", DS, "--config", str(config), "--stage-args", "train=--epochs 3", "--evaluate"]
-    )
+        ["--ds", DS, "--warehouse", warehouse, "--config", str(config), "--stage-args", "train=--epochs 3",
+         "--evaluate"]
+    )  # fmt: skip
     assert cfg.stage_args["train"][-2:] == ("--epochs", "3")  # the command line comes last, so it wins
     assert pipeline.stage_argv(pipeline.BY_NAME["train"], cfg, {})[-4:] == [
         "--ds",
         DS,
         "--warehouse",
-        "warehouse",
+        warehouse,
     ]
     config.write_text("[graph]\nlookback-days = 3\n")
     with pytest.raises(pipeline.HirError, match=r"unknown stage \[graph\]"):
