@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, run_job
 from jobs.common.delta import read_table, table_exists, table_path, write_table
@@ -243,7 +244,7 @@ def config_from_args(argv: Sequence[str] | None) -> EvalConfig:
         raise HirError("--bootstrap must be at least 1")
     if not Path(a.warehouse).is_dir():
         raise HirError(f"warehouse not found: {a.warehouse}")
-    return EvalConfig(
+    cfg = EvalConfig(
         warehouse=a.warehouse,
         protocol=a.protocol,
         cutoff=a.cutoff,
@@ -256,6 +257,9 @@ def config_from_args(argv: Sequence[str] | None) -> EvalConfig:
         report_dir=a.report_dir,
         als_grid=parse_als_grid(a.als_grid),
     )
+    if "'" in cfg.name:  # it is quoted into eval_metrics' replaceWhere: refuse before any work, not after
+        raise HirError(f"dataset name {cfg.name!r} may not contain a quote")
+    return cfg
 
 
 # -- the split and the history warehouse ------------------------------------------------------------------------
@@ -494,15 +498,12 @@ def hir_rankings(
 
 
 def embedding_rankings(
-    users_pdf: pd.DataFrame, items_pdf: pd.DataFrame, data: EvalData, k: int, profile=None
+    user_ids: np.ndarray, user_matrix: np.ndarray, items_pdf: pd.DataFrame, data: EvalData, k: int
 ) -> dict[str, dict[int, np.ndarray]]:
+    """Exact top k of the users' vectors over each candidate set's item vectors."""
     out = {}
     for candidates, pool in (("graph", data.graph_items), ("catalog", data.catalog_items)):
         item_ids, item_matrix = vectors_of(items_pdf, pool)
-        if profile is None:
-            user_ids, user_matrix = vectors_of(users_pdf, data.users)
-        else:
-            user_ids, user_matrix = data.users, profile
         out[candidates] = (
             exact_top_k(user_ids, user_matrix, item_ids, item_matrix, k) if len(item_ids) else {}
         )
@@ -526,7 +527,7 @@ def content_rankings(
     profiles = bl.weighted_profiles(
         ui_pd["user"].to_numpy(), ui_pd["item"].to_numpy(), ui_pd["weight"].to_numpy(), data.users, vectors
     )
-    return embedding_rankings(pd.DataFrame(), content, data, k, profile=profiles)
+    return embedding_rankings(data.users, profiles, content, data, k)
 
 
 def spark_rankings(
@@ -663,8 +664,9 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
             rankings[name] = hir_rankings(spark, cfg, data, ds, k)
         else:
             pdf = variant_embeddings(spark, cfg, ds, built["models"][name].path)
+            user_ids, user_matrix = vectors_of(pdf[pdf["node_type"] == "user"], data.users)
             rankings[name] = embedding_rankings(
-                pdf[pdf["node_type"] == "user"], pdf[pdf["node_type"] == "item"], data, k
+                user_ids, user_matrix, pdf[pdf["node_type"] == "item"], data, k
             )
         timings[f"rank {name}"] = round(time.perf_counter() - t0, 1)
     t0 = time.perf_counter()
@@ -748,13 +750,9 @@ def write_metrics(spark: SparkSession, cfg: EvalConfig, ds: dt.date, rows: list[
     pdf = pd.DataFrame(rows, columns=[c for c in EVAL_METRICS.columns if c != "ds"])
     pdf["k"] = pdf["k"].astype("int32")
     pdf["num_users"] = pdf["num_users"].astype("int64")
-    frame = spark.createDataFrame(
-        pdf, EVAL_METRICS.schema.__class__([f for f in EVAL_METRICS.schema.fields if f.name != "ds"])
-    )
+    frame = spark.createDataFrame(pdf, StructType([f for f in EVAL_METRICS.schema.fields if f.name != "ds"]))
     frame = frame.withColumn("ds", F.lit(ds))
     where = f"ds = DATE'{ds}' AND dataset = '{cfg.name}' AND protocol = '{cfg.protocol}'"
-    if "'" in cfg.name:
-        raise HirError(f"dataset name {cfg.name!r} may not contain a quote")
     return write_table(frame, EVAL_METRICS, cfg.warehouse, where)
 
 

@@ -159,6 +159,10 @@ def test_flag_errors_are_one_line(tmp_path):
         job.config_from_args(
             ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--als-grid", "rank=4"]
         )
+    with pytest.raises(HirError, match="may not contain a quote"):
+        job.config_from_args(
+            ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--dataset", "a'b"]
+        )
     with pytest.raises(HirError, match="unknown stage 'x'"):
         job.config_from_args(
             ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--stage-args", "x=1"]
