@@ -38,8 +38,9 @@ fails loses its record, so the next run starts there. Versions are per table, no
 that rewrites a shared table (events, edges ...) makes this day's later stages stale too, which reruns them
 (never serves stale data). One run per warehouse and day at a time (a lock file beside the record).
 
-Output: a line per stage as it starts and ends (`[3/7] sample-neighbourhoods done in 12.3s: ...` or
-`skipped (fresh: ...)`), then a table of stage, status, rows and seconds. A failing stage stops the run: a job's
+Output: a line per stage as it starts, with the run's elapsed time and an estimate of what remains (`[4/7] enrich
+... (no record of a run for this day) | elapsed 1m05s, about 3m20s left`), and as it ends (`[4/7] enrich done in
+12.3s: ...` or `skipped (fresh: ...)`), then a table of stage, status, rows and seconds. A failing stage stops the run: a job's
 one-line error becomes `error: stage <name>: <message>` and exit 2; a job's own failed check (ingest or graph
 counts that do not reconcile, a collapsed training) exits 1 like the job would; any other exception propagates
 after naming the stage.
@@ -67,6 +68,7 @@ from typing import Any, TextIO
 from urllib.parse import urlparse
 
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
+from jobs.common.code import code_version
 from jobs.common.delta import table_exists, table_version
 from jobs.common.errors import HirError
 from jobs.ingest_events import SOURCES
@@ -132,6 +134,7 @@ class Stage:
     check_early: bool = (
         True  # its flags are checked before the first stage runs (else once the warehouse exists)
     )
+    also_runs: tuple[str, ...] = ()  # modules it runs without importing them by name (evaluate: the stages)
 
     def job(self) -> ModuleType:
         try:
@@ -141,6 +144,10 @@ class Stage:
 
     def config(self, argv: Sequence[str]) -> Any:
         return self.job().config_from_args(list(argv))
+
+    def code(self) -> str:
+        """The hash of the source the stage runs (jobs.common.code): a change to it makes the stage stale."""
+        return code_version(self.module, *self.also_runs)
 
 
 def _ingest(spark, job, cfg):
@@ -260,7 +267,7 @@ STAGES: tuple[Stage, ...] = (
         writes=(),
         run=_train,
         summary=lambda r: (r.summary["rows"], "rows", r.line()),
-        problem=lambda r: f"model {r.version} COLLAPSED: {r.collapse_detail}" if r.collapsed else None,
+        problem=lambda r: f"model {r.version} COLLAPSED: {r.collapse_detail}" if r.failed else None,
         artifact=lambda cfg, r: str(Path(r.path).resolve()),
         artifact_gone=_model_gone,
     ),
@@ -289,7 +296,9 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "evaluate",
         "jobs.evaluate",
-        reads=(EVENTS, ENTITIES, EMBEDDINGS),  # it splits events/entities and builds its own history models
+        # It splits events/entities and builds everything else in its own history warehouse (with its own
+        # lineage), so these two are all it reads here.
+        reads=(EVENTS, ENTITIES),
         writes=(EVAL_METRICS,),
         run=_evaluate,
         summary=lambda r: (_count(getattr(r, "rows", None)), "metrics", r.line()),
@@ -300,6 +309,14 @@ STAGES: tuple[Stage, ...] = (
         daily=False,  # decided from its parser: see stage_argv
         opt_in=True,
         check_early=False,  # its flags check that the warehouse exists, which ingest may not have created yet
+        also_runs=(  # the day's stages, run on the history warehouse
+            "jobs.build_graph",
+            "jobs.sample_neighbourhoods",
+            "jobs.enrich_entities",
+            "jobs.train_encoder",
+            "jobs.embed_entities",
+            "jobs.build_index",
+        ),
     ),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
@@ -643,12 +660,16 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def staleness(stage: Stage, record: dict | None, print_: str, inputs: dict, outputs: dict) -> str | None:
-    """Why the stage must run (None: fresh). `print_` is the job config's fingerprint."""
+def staleness(
+    stage: Stage, record: dict | None, print_: str, code: str, inputs: dict, outputs: dict
+) -> str | None:
+    """Why the stage must run (None: fresh). `print_` is the job config's fingerprint, `code` its code version."""
     if record is None:
         return "no record of a run for this day"
     if record.get("fingerprint") != print_:
         return "its flags changed"
+    if record.get("code") != code:
+        return f"its code changed ({record.get('code')} -> {code})"
     recorded_in = record.get("inputs", {})
     for name, now in _plain(inputs).items():
         if now is None and name.startswith("file:"):
@@ -671,6 +692,71 @@ def _fresh_note(record: dict) -> str:
     if record.get("artifact"):
         parts.append(f"output {record['artifact']}")
     return "fresh: " + ("; ".join(parts) or "inputs unchanged")
+
+
+# -- progress ------------------------------------------------------------------------------------------------
+
+# Relative cost of each stage on a first run, when no lineage record has its time yet: shares of the stages'
+# seconds in `make demo` on the 2-core box (all three datasets summed). Only ratios matter: the estimate scales
+# them by what the stages that ran so far took.
+FIRST_RUN_COST: dict[str, float] = {
+    "ingest": 1.0,
+    "build-graph": 1.0,
+    "sample-neighbourhoods": 1.0,
+    "enrich": 1.0,
+    "train": 4.0,
+    "embed": 1.0,
+    "build-index": 0.5,
+    "evaluate": 8.0,
+}
+
+
+def earlier_seconds(warehouse: str, ds: dt.date) -> dict[str, float]:
+    """Per stage, the seconds of its newest recorded run on another day of this warehouse (unreadable skipped)."""
+    folder = _local_warehouse(warehouse) / LINEAGE_DIR
+    out: dict[str, float] = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if path.stem == ds.isoformat():
+            continue
+        try:
+            stages = json.loads(path.read_text())["stages"]
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+        out.update({n: float(r["seconds"]) for n, r in stages.items() if "seconds" in r})
+    return out
+
+
+def estimate_left(
+    left: Sequence[str], recorded: Mapping[str, float], ran: Mapping[str, float]
+) -> float | None:
+    """Seconds the stages in `left` will take: each one's recorded time, else its first-run cost scaled by what
+    the stages that ran took against their costs. None when a stage has neither (nothing ran yet)."""
+    ran_cost = sum(FIRST_RUN_COST.get(n, 1.0) for n in ran)
+    rate = sum(ran.values()) / ran_cost if ran_cost else None
+    total = 0.0
+    for name in left:
+        if name in recorded:
+            total += recorded[name]
+        elif rate is not None:
+            total += FIRST_RUN_COST.get(name, 1.0) * rate
+        else:
+            return None
+    return total
+
+
+def hms(seconds: float) -> str:
+    """65.2 -> '1m05s'; 3723 -> '1h02m03s'."""
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def progress_note(elapsed: float, left: float | None) -> str:
+    estimate = f"about {hms(left)} left" if left is not None else "time left unknown until a stage has run"
+    return f"elapsed {hms(elapsed)}, {estimate}"
 
 
 # -- the run -------------------------------------------------------------------------------------------------
@@ -746,6 +832,11 @@ def run_pipeline(spark, cfg: PipelineConfig, *, out: TextIO | None = None) -> Pi
     with day_lock(cfg.warehouse, cfg.ds):
         records = read_lineage(cfg.warehouse, cfg.ds)
         artifacts = {name: rec.get("artifact") for name, rec in records.items()}
+        recorded = {
+            **earlier_seconds(cfg.warehouse, cfg.ds),
+            **{n: float(r["seconds"]) for n, r in records.items() if "seconds" in r},
+        }
+        ran_seconds: dict[str, float] = {}
         rerun_from: str | None = None  # the first stage that ran: every later one runs too
         for position, stage in enumerate(stages, 1):
             tag = f"[{position}/{len(stages)}] {stage.name}"
@@ -757,6 +848,7 @@ def run_pipeline(spark, cfg: PipelineConfig, *, out: TextIO | None = None) -> Pi
                 results.append(StageResult(stage.name, "failed", reason=str(err)))
                 raise StageFailed(stage.name, str(err), 2, _summarised(report_so_far(), emit)) from None
             print_ = fingerprint(job_cfg)
+            code = stage.code()
             inputs = {
                 **table_versions(spark, stage.reads, cfg.warehouse),
                 **file_stamps(stage.input_files(job_cfg)),
@@ -768,7 +860,7 @@ def run_pipeline(spark, cfg: PipelineConfig, *, out: TextIO | None = None) -> Pi
                 reason = f"runs after {rerun_from}"
             else:
                 reason = staleness(
-                    stage, record, print_, inputs, table_versions(spark, stage.writes, cfg.warehouse)
+                    stage, record, print_, code, inputs, table_versions(spark, stage.writes, cfg.warehouse)
                 )
             if reason is None:
                 note = _fresh_note(record)
@@ -785,7 +877,8 @@ def run_pipeline(spark, cfg: PipelineConfig, *, out: TextIO | None = None) -> Pi
                 )
                 continue
 
-            emit(f"{tag} ... ({reason})")
+            left = estimate_left([s.name for s in stages[position - 1 :]], recorded, ran_seconds)
+            emit(f"{tag} ... ({reason}) | {progress_note(time.perf_counter() - started, left)}")
             clock = time.perf_counter()
             try:
                 report = stage.run(spark, job, job_cfg)
@@ -820,6 +913,7 @@ def run_pipeline(spark, cfg: PipelineConfig, *, out: TextIO | None = None) -> Pi
             artifacts[stage.name] = artifact
             records[stage.name] = {
                 "fingerprint": print_,
+                "code": code,
                 "argv": argv,
                 "inputs": _plain(inputs),
                 "outputs": table_versions(spark, stage.writes, cfg.warehouse),
@@ -832,6 +926,7 @@ def run_pipeline(spark, cfg: PipelineConfig, *, out: TextIO | None = None) -> Pi
             }
             write_lineage(cfg.warehouse, cfg.ds, records)
             rerun_from = rerun_from or stage.name
+            ran_seconds[stage.name] = seconds
             emit(f"{tag} done in {seconds:.1f}s: {line}")
             results.append(StageResult(stage.name, "ran", seconds, report, line, rows, rows_of, reason))
     return _summarised(report_so_far(), emit)

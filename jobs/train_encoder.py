@@ -23,7 +23,8 @@ level-0 codes against their categories go into the last line of metrics.jsonl (`
 
 Output: `<model-dir>/<version>/` (weights.pt loadable with torch.load(weights_only=True), config.json,
 quantiser.pt, metrics.jsonl, lineage.json), written atomically; an existing version is never overwritten. The
-default version name hashes the flags, the input versions and the code version, so a rerun of the same training
+default version name hashes the flags, the input versions and the code version (a hash of the source of this job
+and every project module it imports: jobs.common.code), so a rerun of the same training
 finds its model and does nothing; a name given with --version that exists is refused. A run whose distillation
 collapsed (loss stuck at ln K, one prototype for everything) is still written, for diagnosis, but reported as
 COLLAPSED with exit code 1.
@@ -38,7 +39,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -66,8 +66,8 @@ from hir_model.data import (
 from hir_model.quantiser import ResidualQuantiser, purity, quantiser_report
 from hir_model.trainer import Trainer
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
+from jobs.common.code import code_version as source_version
 from jobs.common.errors import HirError
-from jobs.common.spark import PROJECT_ROOT
 from jobs.common.stage import StageLog
 
 RUNS_DIR = ".runs"  # under the model root: work folders of runs in progress (checkpoints, live metrics log)
@@ -116,6 +116,7 @@ class TrainJobConfig:
     levels: int = 3
     codes_per_level: int | None = None  # default: min(256, sqrt(entities))
     progress: bool | None = None  # default: when stderr is a terminal, a live line; else a line every 5%
+    allow_collapsed: bool = False  # a collapsed run is a result (the evaluation's ablations), not a failure
 
     @property
     def models(self) -> Path:
@@ -315,6 +316,12 @@ def build_parser() -> JobArgumentParser:
         "members per code, readable as an interest, and 256 (RQ-VAE/TIGER) caps it for large days.",
     )
     g.add_argument(
+        "--allow-collapsed",
+        action="store_true",
+        help="Report a collapsed run but exit 0 (the model is written either way). Off by default: a daily run "
+        "must not publish a collapsed model; the evaluation sets it, since a collapsed ablation is a result.",
+    )
+    g.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         help="Force the live progress line on or off (default: on when stderr is a terminal, else a line every "
@@ -366,6 +373,7 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         levels=args.levels,
         codes_per_level=args.codes_per_level,
         progress=args.progress,
+        allow_collapsed=args.allow_collapsed,
     )
 
 
@@ -554,20 +562,8 @@ def resolve_inputs(spark, cfg: TrainJobConfig) -> TrainingInputs:
 
 
 def code_version() -> str:
-    """The git commit of the code (with -dirty for uncommitted changes to tracked files), else 'unknown'."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("-dirty" if dirty else "")
+    """The hash of the source this job runs (jobs.common.code): model code counts, the README does not."""
+    return source_version("jobs.train_encoder")
 
 
 def default_version(cfg: TrainJobConfig, inputs: TrainingInputs, code: str) -> str:
@@ -736,9 +732,14 @@ class TrainReport:
     collapse_detail: str
     summary: dict[str, Any]
     reused: bool = False  # the derived version existed already: same flags, inputs and code, nothing trained
+    collapse_allowed: bool = False  # --allow-collapsed: a collapse is reported, not a failure
+
+    @property
+    def failed(self) -> bool:
+        return self.collapsed and not self.collapse_allowed
 
     @classmethod
-    def of_existing(cls, path: Path) -> TrainReport:
+    def of_existing(cls, path: Path, collapse_allowed: bool = False) -> TrainReport:
         summary = read_metrics(path)[-1]
         return cls(
             path.name,
@@ -749,6 +750,7 @@ class TrainReport:
             summary["collapse_detail"],
             summary,
             True,
+            collapse_allowed,
         )
 
     def line(self) -> str:
@@ -834,7 +836,7 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     if cfg.version is None and (cfg.models / version).exists():
         # The derived name covers flags, input versions and code: this model is what the run would train, so a
         # rerun is a no-op (DESIGN: deterministic). A version named with --version is never reused or replaced.
-        return TrainReport.of_existing(cfg.models / version)
+        return TrainReport.of_existing(cfg.models / version, cfg.allow_collapsed)
     final = refuse_existing(cfg.models / version)
     device = resolve_device(cfg.device)
     torch.set_num_threads(cfg.threads)
@@ -941,7 +943,9 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         rows_in=len(rows), pairs=len(pairs), steps=trainer.step, collapsed=collapsed, model=str(path)
     )
     log.emit()
-    return TrainReport(version, path, trainer.step, seconds, collapsed, detail, summary)
+    return TrainReport(
+        version, path, trainer.step, seconds, collapsed, detail, summary, collapse_allowed=cfg.allow_collapsed
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -956,6 +960,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.line())
     if report.collapsed:
         print(f"COLLAPSED: {report.collapse_detail}", file=sys.stderr)
+    if report.failed:
         return 1
     return 0
 

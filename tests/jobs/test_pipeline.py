@@ -67,6 +67,10 @@ no-progress = true
 """
 
 
+# Another graph decay than the default: a rewrite of the day's edges.
+HALF_LIFE = "build-graph=--half-life-days 3"
+
+
 def day_argv(warehouse: Path, config: Path, *extra: str) -> list[str]:
     return [
         "--ds",
@@ -192,7 +196,7 @@ def test_deleting_the_model_reruns_train_and_every_stage_after_it(spark, day) ->
     upstream = ("events", "entities", "nodes", "edges", "neighbourhoods", "entity_content")
     assert {t: after[t] for t in upstream} == {t: before[t] for t in upstream}
     assert after["embeddings"] == before["embeddings"] + 1
-    (rebuilt,) = models(day.warehouse)  # the same name again unless a commit changed the code version
+    (rebuilt,) = models(day.warehouse)  # the same name again: same flags, inputs and code
     assert (rebuilt / "weights.pt").is_file() and records(day.warehouse)["train"]["artifact"] == str(
         rebuilt.resolve()
     )
@@ -221,7 +225,7 @@ def test_a_failing_stage_stops_the_run_and_names_itself(spark, day, capsys) -> N
 
 @pytest.mark.slow
 def test_rewritten_edges_rerun_exactly_the_stages_after_build_graph(spark, day) -> None:
-    half_life = "build-graph=--half-life-days 3"
+    half_life = HALF_LIFE
     before, model_count = versions(spark, day.warehouse), len(models(day.warehouse))
     # Rewrite the day's graph with another decay through the pipeline, that stage alone.
     graph_only, _ = run(
@@ -248,6 +252,54 @@ def test_rewritten_edges_rerun_exactly_the_stages_after_build_graph(spark, day) 
         recorded["embed"]["argv"][recorded["embed"]["argv"].index("--model") + 1]
         == recorded["train"]["artifact"]
     )
+
+
+@pytest.mark.slow
+def test_a_model_code_change_reruns_train_and_after_it_and_nothing_before(spark, day, monkeypatch) -> None:
+    from jobs.common import code
+
+    # Settle the day on one set of flags first (a no-op after the previous test, which left these flags).
+    run(spark, day.warehouse, day.config, "--stage-args", HALF_LIFE)
+    real = code._source
+    monkeypatch.setattr(
+        code, "_source", lambda m: real(m) + "\n# an edit\n" if m == "hir_model.encoder" else real(m)
+    )
+    before, model_count = versions(spark, day.warehouse), len(models(day.warehouse))
+    recorded_code = records(day.warehouse)["train"]["code"]
+    report, text = run(spark, day.warehouse, day.config, "--stage-args", HALF_LIFE)
+    assert statuses(report) == dict(zip(DAY_STAGES, ["skipped"] * 4 + ["ran"] * 3, strict=True))
+    assert f"[5/7] train ... (its code changed ({recorded_code} -> src:" in text
+    after = versions(spark, day.warehouse)
+    upstream = ("events", "entities", "nodes", "edges", "neighbourhoods", "entity_content")
+    assert {t: after[t] for t in upstream} == {t: before[t] for t in upstream}
+    assert len(models(day.warehouse)) == model_count + 1  # the model's name hashes the code: a new version
+    assert records(day.warehouse)["train"]["code"] != recorded_code
+
+
+# -- progress ------------------------------------------------------------------------------------------------
+
+
+def test_time_left_uses_recorded_seconds_then_scales_first_run_costs() -> None:
+    recorded = {"embed": 30.0, "build-index": 5.0}
+    assert pipeline.estimate_left(["embed", "build-index"], recorded, {}) == 35.0
+    assert (
+        pipeline.estimate_left(["train", "embed"], recorded, {}) is None
+    )  # nothing ran, no record for train
+    # build-graph took 20 s at cost 1: train (cost 4) is estimated at 80 s.
+    cost = pipeline.FIRST_RUN_COST
+    ran = {"build-graph": 20.0}
+    expected = 20.0 / cost["build-graph"] * cost["train"] + 30.0
+    assert pipeline.estimate_left(["train", "embed"], recorded, ran) == pytest.approx(expected)
+    assert [pipeline.hms(s) for s in (4.4, 65.2, 3723)] == ["4s", "1m05s", "1h02m03s"]
+
+
+@pytest.mark.slow
+def test_each_started_stage_prints_elapsed_and_time_left(day) -> None:
+    lines = [line for line in day.text.splitlines() if " ... (" in line]
+    assert len(lines) == len(DAY_STAGES)
+    assert all(" | elapsed " in line for line in lines)
+    assert lines[0].endswith("time left unknown until a stage has run")  # a first run: nothing to go by
+    assert all(line.rsplit(", ", 1)[1].startswith("about ") for line in lines[1:])
 
 
 # -- failures that need no data ------------------------------------------------------------------------------
@@ -339,12 +391,17 @@ def test_an_input_file_that_changed_makes_ingest_stale(tmp_path) -> None:
     events.write_text("1,2,3\n")
     ingest = pipeline.BY_NAME["ingest"]
     stamps = pipeline.file_stamps([str(events)])
-    record = {"fingerprint": "f", "inputs": stamps, "outputs": {"events": 4}}
-    assert pipeline.staleness(ingest, record, "f", stamps, {"events": 4}) is None
-    assert pipeline.staleness(ingest, record, "f", stamps, {"events": 5}) == (
+    record = {"fingerprint": "f", "code": "src:1", "inputs": stamps, "outputs": {"events": 4}}
+    assert pipeline.staleness(ingest, record, "f", "src:1", stamps, {"events": 4}) is None
+    assert pipeline.staleness(ingest, record, "f", "src:1", stamps, {"events": 5}) == (
         "output events was rewritten since (4 -> 5)"
     )
-    assert pipeline.staleness(ingest, record, "g", stamps, {"events": 4}) == "its flags changed"
+    assert pipeline.staleness(ingest, record, "g", "src:1", stamps, {"events": 4}) == "its flags changed"
+    assert pipeline.staleness(ingest, record, "f", "src:2", stamps, {"events": 4}) == (
+        "its code changed (src:1 -> src:2)"
+    )
     events.write_text("1,2,3\n4,5,6\n")
-    reason = pipeline.staleness(ingest, record, "f", pipeline.file_stamps([str(events)]), {"events": 4})
+    reason = pipeline.staleness(
+        ingest, record, "f", "src:1", pipeline.file_stamps([str(events)]), {"events": 4}
+    )
     assert reason is not None and reason.startswith(f"input file:{events.resolve()} changed")
