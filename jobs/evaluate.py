@@ -8,7 +8,8 @@
 The job splits the warehouse's `events` (jobs.eval.split: temporal cut-off, or each user's last conversion held
 out), writes the history (and the catalog as of its end) into a warehouse of its own, `<warehouse>/eval/
 <protocol>/`, and runs the pipeline there for the history's last day: graph, samples, content, HIR and its three
-ablations (no attention bias, no distillation, no content), embeddings, the published item index. Nothing at
+ablations (no attention bias, no distillation, no content), embeddings, the published item index: through `hir
+pipeline` with its own lineage there, so a rerun on an unchanged split reuses every fresh stage and model. Nothing at
 or after a user's cut-off is in that warehouse, so no stage can see a target.
 
 Then, for every user with history and a deep-funnel target, each method ranks the top 100 items of two
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -107,6 +109,8 @@ class EvalReport:
     report_path: Path
     seconds: float = 0.0
     version: int | None = None
+    history_stages: dict[str, str] = field(default_factory=dict)  # history pipeline: stage -> ran/skipped
+    models: dict[str, str] = field(default_factory=dict)  # HIR variant -> model version
 
     def value(self, method: str, candidates: str, slice_: str, metric: str, k: int) -> dict | None:
         for row in self.rows:
@@ -274,8 +278,8 @@ def make_split(spark: SparkSession, cfg: EvalConfig) -> Split:
 
 
 def write_history(spark: SparkSession, split: Split, cfg: EvalConfig) -> dict[str, int]:
-    """The history warehouse's `events` and `entities`; rewritten only when the split changed. (The stages
-    after them still run again on a rerun: resuming them through the pipeline's lineage is a follow-up.)"""
+    """The history warehouse's `events` and `entities`; rewritten only when the split changed, so that the
+    history pipeline's lineage finds its inputs at the same versions and skips what is fresh."""
     from delta.tables import DeltaTable
 
     source_version = (
@@ -298,66 +302,82 @@ def write_history(spark: SparkSession, split: Split, cfg: EvalConfig) -> dict[st
     return versions
 
 
+class _Prefixed:
+    """A text stream that prefixes every line, so the history pipeline's progress reads apart from the day's."""
+
+    def __init__(self, prefix: str, stream):
+        self.prefix, self.stream, self.at_start = prefix, stream, True
+
+    def write(self, text: str) -> int:
+        for piece in text.splitlines(keepends=True):
+            self.stream.write((self.prefix if self.at_start else "") + piece)
+            self.at_start = piece.endswith("\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def history_pipeline_argv(cfg: EvalConfig, ds: dt.date, variants: Sequence[str]) -> list[str]:
+    """`hir pipeline` flags for the history warehouse: the day's stages up to the item index (up to the content
+    when the full model is not evaluated), with the evaluation's --stage-args. A collapsed model is a result
+    here, not a failure: train and embed get --allow-collapsed."""
+    stage_args = {stage: list(flags) for stage, flags in cfg.stage_args.items()}
+    stage_args["train"] = [*stage_args.get("train", []), "--no-progress", "--allow-collapsed"]
+    stage_args["embed"] = [*stage_args.get("embed", []), "--allow-collapsed"]
+    until = "build-index" if "hir" in variants else "enrich"
+    argv = ["--ds", str(ds), "--warehouse", cfg.history_warehouse, "--until-stage", until]
+    for stage, flags in stage_args.items():
+        argv += ["--stage-args", f"{stage}={shlex.join(flags)}"]
+    return argv
+
+
 def run_history_pipeline(spark: SparkSession, cfg: EvalConfig, ds: dt.date, variants: Sequence[str]) -> dict:
-    """graph -> samples -> content -> HIR variants -> embeddings (full model) -> item index, on the history."""
-    from jobs import (
-        build_graph,
-        build_index,
-        embed_entities,
-        enrich_entities,
-        sample_neighbourhoods,
-        train_encoder,
-    )
+    """graph -> samples -> content -> HIR -> embeddings -> item index on the history, through `hir pipeline` and
+    its lineage in the history warehouse: a rerun on an unchanged split skips every fresh stage (a stage whose
+    flags, inputs or code changed reruns, and every stage after it). The ablations train beside it through the
+    train job, whose derived model version (flags, input versions, code) makes an unchanged one a no-op."""
+    from jobs import pipeline, train_encoder
 
     wh = cfg.history_warehouse
-    base = ["--ds", str(ds), "--warehouse", wh]
-    args = lambda stage: [*base, *cfg.stage_args.get(stage, ())]  # noqa: E731
-    timings: dict[str, float] = {}
-
-    def timed(name, fn):
-        started = time.perf_counter()
-        result = fn()
-        timings[name] = round(time.perf_counter() - started, 1)
-        print(f"[evaluate] {name:<22} {timings[name]:>7.1f}s", file=sys.stderr, flush=True)
-        return result
-
-    graph = timed(
-        "build-graph",
-        lambda: build_graph.build_graph(spark, build_graph.config_from_args(args("build-graph"))),
-    )
-    if not graph.reconciles:
-        raise HirError(f"history graph does not reconcile: {graph.line()}")
-    timed(
-        "sample-neighbourhoods",
-        lambda: sample_neighbourhoods.sample_day(
-            spark, sample_neighbourhoods.config_from_args(args("sample-neighbourhoods"))
-        ),
-    )
-    timed("enrich", lambda: enrich_entities.enrich(spark, enrich_entities.config_from_args(args("enrich"))))
-    models = {}
-    for name in variants:
-        train_cfg = train_encoder.config_from_args([*args("train"), *HIR_VARIANTS[name], "--no-progress"])
-        report = timed(
-            f"train {name}",
-            lambda c=train_cfg: train_encoder.train(c, train_encoder.resolve_inputs(spark, c)),
+    try:
+        history = pipeline.run_pipeline(
+            spark,
+            pipeline.config_from_args(history_pipeline_argv(cfg, ds, variants)),
+            out=_Prefixed("[evaluate: history] ", sys.stdout),
         )
+    except pipeline.StageFailed as failed:
+        raise HirError(f"history pipeline: {failed}") from None
+    timings = {s.name: s.seconds for s in history.stages if s.status == "ran"}
+    models = {}
+    if "hir" in variants:
+        trained = history.result("train")
+        models["hir"] = (
+            trained.report
+            if trained.report is not None
+            else train_encoder.TrainReport.of_existing(
+                Path(pipeline.read_lineage(wh, ds)["train"]["artifact"]), collapse_allowed=True
+            )
+        )
+    # The ablations: the full model's train flags (as the history pipeline passed them) plus their own switch.
+    flags = ["--ds", str(ds), "--warehouse", wh, *cfg.stage_args.get("train", ()), "--no-progress"]
+    for name in variants:
+        if name == "hir":
+            continue
+        train_cfg = train_encoder.config_from_args([*flags, "--allow-collapsed", *HIR_VARIANTS[name]])
+        started = time.perf_counter()
+        models[name] = train_encoder.train(train_cfg, train_encoder.resolve_inputs(spark, train_cfg))
+        timings[f"train {name}"] = round(time.perf_counter() - started, 1)
+        state = "reused (fresh)" if models[name].reused else f"trained in {timings[f'train {name}']}s"
+        print(f"[evaluate] {name}: model {models[name].version} {state}", flush=True)
+    for name, report in models.items():
         if report.collapsed:
             # Still evaluated (a collapsed variant is a result of the ablation), and flagged in the report.
             print(
                 f"[evaluate] warning: {name} collapsed in training ({report.collapse_detail})",
                 file=sys.stderr,
             )
-        models[name] = report
-    if "hir" in models:
-        embed_cfg = embed_entities.config_from_args(
-            [*args("embed"), "--model", str(models["hir"].path), "--allow-collapsed"]
-        )
-        timed("embed hir", lambda: embed_entities.embed(spark, embed_cfg))
-        timed(
-            "build-index",
-            lambda: build_index.build_index(spark, build_index.config_from_args(args("build-index"))),
-        )
-    return {"models": models, "timings": timings}
+    return {"models": models, "timings": timings, "stages": history.status()}
 
 
 # -- what is evaluated -------------------------------------------------------------------------------------------
@@ -698,6 +718,7 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
         "HIR model": model_version,
         **{f"model {n}": r.version for n, r in built["models"].items() if n != "hir"},
         "history tables": ", ".join(f"{t} v{v}" for t, v in history_versions.items()),
+        "history stages": ", ".join(f"{n} {status}" for n, status in built["stages"].items()),
     }
     if "als" in context:
         choice = context["als"]
@@ -736,7 +757,17 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
     )
     print(console_table(rows, k=50))
     report = EvalReport(
-        cfg.name, cfg.protocol, ds, model_version, rows, ctx, path, time.perf_counter() - started, version
+        cfg.name,
+        cfg.protocol,
+        ds,
+        model_version,
+        rows,
+        ctx,
+        path,
+        time.perf_counter() - started,
+        version,
+        history_stages=built["stages"],
+        models={n: r.version for n, r in built["models"].items()},
     )
     log.counts.update(
         users=len(data.users), targets=targets_total, rows_out=len(rows), eval_metrics_version=version
