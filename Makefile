@@ -10,11 +10,15 @@ DELTA_STORAGE_ARTIFACT := io.delta:delta-storage:$(DELTA_VERSION)
 WAREHOUSE ?= warehouse
 SHARED_DATA ?= ../shared/data
 PYTEST_ARGS ?=
+# Two pytest workers, each taking whole test files (module fixtures build once): most tests wait on a JVM or a
+# spark-submit, so two processes keep the 2 cores busy. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .DEFAULT_GOAL := help
 
 help: ## List the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: requirements.txt requirements-nodeps.txt setup.py
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -39,10 +43,10 @@ lint: setup ## Ruff lint and format check
 	$(VENV)/bin/ruff format --check .
 
 test: lint ## Lint, then every test (slow end-to-end ones included)
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-fast: setup ## Tests without the slow end-to-end ones
-	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -m "not slow" $(PYTEST_ARGS)
 
 format: setup ## Apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix .
@@ -50,6 +54,9 @@ format: setup ## Apply ruff fixes and formatting
 
 demo: setup ## hir pipeline + evaluation on the synthetic source, then the real datasets in ../shared/data
 	HIR_SHARED_DATA=$(SHARED_DATA) WAREHOUSE=$(WAREHOUSE) $(VENV)/bin/python -m jobs.demo
+
+evaluate-full: setup ## make demo's evaluation plus the three HIR ablations and ALS's whole grid (reuses the demo's warehouses)
+	HIR_SHARED_DATA=$(SHARED_DATA) WAREHOUSE=$(WAREHOUSE) $(VENV)/bin/python -m jobs.demo --full
 
 results: setup ## Rewrite the README's results section from the demo warehouses' eval_metrics (after make demo)
 	$(PY) -m jobs.eval.readme_results $(WAREHOUSE)/synthetic $(WAREHOUSE)/taobao $(WAREHOUSE)/rees46 --readme README.md
@@ -82,4 +89,4 @@ dist: setup ## Package for spark-submit: dist/hir_pipeline-<ver>.zip (--py-files
 	tar -C $(DIST_VENV_BUILD) -czf $(DIST)/hir_venv-$$version.tar.gz . ; fi && \
 	ls -1 $(DIST)/hir_*$$version*
 
-.PHONY: help setup lint test test-fast format demo results clean distclean dist
+.PHONY: help setup lint test test-fast format demo evaluate-full results clean distclean dist

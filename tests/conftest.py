@@ -15,6 +15,15 @@ def shared_data_dir() -> Path:
     return Path(os.environ.get("HIR_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Test files with slow (end-to-end) tests first, each file's tests in their own order. `make test` runs two
+    pytest-xdist workers that take whole files in this order (`--dist loadfile --no-loadscope-reorder`): the long
+    files start at once and the short ones fill in around them, so both workers finish together instead of one
+    running a cluster test alone at the end."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: keeps the order within each group
+
+
 @pytest.fixture(scope="session")
 def spark():
     from jobs.common.spark import get_spark

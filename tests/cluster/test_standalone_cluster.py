@@ -1,6 +1,7 @@
 """The jobs on a real Spark standalone cluster (a master and two 1-core workers on 127.0.0.1, started from
-the Spark that pyspark ships), submitted with the README's spark-submit line and `make dist`'s zip: the tables
-equal those of a local-mode run on the same input, and losing a worker in the middle of the sampling stage
+the Spark that pyspark ships), submitted with the README's spark-submit line and `make dist`'s zip (ingest,
+build-graph, sample-neighbourhoods and enrich as one `hir pipeline` application): the tables equal those of a
+local-mode run on the same input, and losing a worker in the middle of the sampling stage
 changes nothing in the output (task retry over deterministic, hash-keyed sampling).
 
 One cluster serves the module; its finalizer kills every daemon's process group even when a test fails.
@@ -8,6 +9,8 @@ One cluster serves the module; its finalizer kills every daemon's process group 
 
 from __future__ import annotations
 
+import io
+import re
 import subprocess
 import sys
 import time
@@ -18,8 +21,8 @@ from pathlib import Path
 import pytest
 from chispa import assert_df_equality
 
-from jobs import build_graph, enrich_entities, ingest_events, sample_neighbourhoods
 from jobs.common.delta import read_table
+from jobs.pipeline import config_from_args, run_pipeline
 from schemas.tables import (
     EDGES,
     ENTITIES,
@@ -49,20 +52,14 @@ pytestmark = pytest.mark.slow
 DS = "2026-01-07"  # the synthetic source's last day (start 2026-01-01, 7 days)
 # Small, but every stage still shuffles over several partitions and both executors get tasks.
 SYNTHETIC = ["--source", "synthetic", "--users", "200", "--items", "400", "--events", "3000", "--seed", "11"]
-# (job module, its flags without --warehouse); enrich runs a pandas UDF on the executors (their Python env).
-STEPS = [
-    (ingest_events, SYNTHETIC),
-    (build_graph, ["--ds", DS]),
-    (sample_neighbourhoods, ["--ds", DS]),
-    (enrich_entities, ["--ds", DS, "--encoder", "hashing:32"]),
-]
+# ingest, build-graph, sample-neighbourhoods and enrich, as one `hir pipeline` run: on the cluster one
+# application (the way a scheduled daily run is submitted), so the driver and executors start once, not per job.
+# enrich runs a pandas UDF on the executors (their Python env).
+STAGES = ("ingest", "build-graph", "sample-neighbourhoods", "enrich")
+PIPELINE = ["--ds", DS, *SYNTHETIC, "--until-stage", "enrich", "--stage-args", "enrich=--encoder hashing:32"]
 TABLES = (EVENTS, ENTITIES, INGEST_REJECTS, SYNTHETIC_TRUTH, NODES, EDGES, NEIGHBOURHOODS, ENTITY_CONTENT)
 # Other partition counts than the tests' local session (2): the tables must not depend on the partitioning.
 CLUSTER_CONF = {"spark.sql.shuffle.partitions": "3", "spark.default.parallelism": "3"}
-
-
-def job_name(module) -> str:
-    return module.__name__.rsplit(".", 1)[1]
 
 
 @pytest.fixture(scope="module")
@@ -87,32 +84,32 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(spark, cluster, dist_zip, tmp_path_factory) -> Runs:
-    """Every step in local mode (in-process, the tests' session) and on the cluster (spark-submit)."""
+    """The stages in local mode (in-process, the tests' session) and on the cluster (spark-submit of the
+    pipeline job with the README's standalone line)."""
     root = tmp_path_factory.mktemp("runs")
     local, on_cluster = root / "local", root / "cluster"
-    timings = []
-    for module, flags in STEPS:
-        started = time.perf_counter()
-        assert module.main([*flags, "--warehouse", str(local)]) in (0, None)
-        local_seconds = time.perf_counter() - started
-        command = submit_command(
-            cluster.url,
-            job_script(job_name(module)),
-            [*flags, "--warehouse", str(on_cluster)],
-            dist_zip,
-            CLUSTER_CONF,
-        )
-        done = run_submit(command, cwd=root)
-        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-        timings.append((job_name(module), local_seconds, done.stage_seconds(), done.seconds))
+    started = time.perf_counter()
+    report = run_pipeline(spark, config_from_args([*PIPELINE, "--warehouse", str(local)]), out=io.StringIO())
+    local_seconds = time.perf_counter() - started
+    assert report.status() == dict.fromkeys(STAGES, "ran")
+    command = submit_command(
+        cluster.url,
+        job_script("pipeline"),
+        [*PIPELINE, "--warehouse", str(on_cluster)],
+        dist_zip,
+        CLUSTER_CONF,
+    )
+    done = run_submit(command, cwd=root)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    on_cluster_stages = dict(re.findall(r"\] ([a-z-]+) done in ([0-9.]+)s", done.stdout))
+    assert list(on_cluster_stages) == list(STAGES), done.stdout[-3000:]  # every stage ran there, in order
 
     print("\nwall time, same input: local mode (in-process) vs standalone cluster (2 workers x 1 core)")
-    timings.append(("total", *(sum(t[i] for t in timings) for i in (1, 2, 3))))
-    for name, local_s, stage_s, submit_s in timings:
+    for stage in report.stages:
         print(
-            f"  {name:22s} local {local_s:6.1f} s  cluster: job {stage_s:6.1f} s, "
-            f"spark-submit {submit_s:6.1f} s"
+            f"  {stage.name:22s} local {stage.seconds:6.1f} s  cluster {float(on_cluster_stages[stage.name]):6.1f} s"
         )
+    print(f"  {'total':22s} local {local_seconds:6.1f} s  spark-submit {done.seconds:6.1f} s")
     return Runs(local, on_cluster)
 
 
@@ -132,8 +129,8 @@ def test_dist_zip_holds_every_module_and_imports_on_its_own(dist_zip):
 
 def test_cluster_tables_equal_local_mode(spark, cluster, runs):
     finished = {app["name"] for app in cluster.state()["completedapps"] if app["state"] == "FINISHED"}
-    # The apps ran on the cluster's executors, not in a local master the session factory picked by itself.
-    assert {"hir-ingest-synthetic", "hir-build-graph", "hir-sample-neighbourhoods", "hir-enrich"} <= finished
+    # The app ran on the cluster's executors, not in a local master the session factory picked by itself.
+    assert f"hir-pipeline-{DS}" in finished
     for spec in TABLES:
         local = read_table(spark, spec, runs.local)
         on_cluster = read_table(spark, spec, runs.cluster)
