@@ -46,6 +46,7 @@ class EnrichReport:
     embedded: int
     unchanged: int
     version: int | None
+    texts: int = 0  # distinct texts the encoder ran on (nodes sharing a text share its vector)
 
 
 def build_parser() -> JobArgumentParser:
@@ -186,27 +187,44 @@ def enrich(spark: SparkSession, cfg: EnrichConfig) -> EnrichReport:
             )
             todo = texts.join(current, ["node_id", "text_hash"], "left_anti")
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(cfg.arrow_batch_size))
-        embedded = todo.select(
-            "node_id",
-            "node_type",
-            "raw_id",
-            "text",
-            "text_hash",
-            embed_text(F.col("text"), cfg.encoder).alias("vector"),
-            F.lit(name).alias("encoder"),
-            F.lit(cfg.ds).alias("updated_ds"),
-        ).persist()
+        # The language model runs once per distinct text, not once per node: catalogs repeat texts (Taobao's items
+        # read only as their category, 30,673 nodes for a few thousand texts), and a text's vector is the same
+        # whichever node carries it.
+        vectors = (
+            todo.select("text_hash", "text")
+            .dropDuplicates(["text_hash"])
+            .select("text_hash", embed_text(F.col("text"), cfg.encoder).alias("vector"))
+            .persist()
+        )
+        embedded = (
+            todo.join(vectors, "text_hash")
+            .select(
+                "node_id",
+                "node_type",
+                "raw_id",
+                "text",
+                "text_hash",
+                "vector",
+                F.lit(name).alias("encoder"),
+                F.lit(cfg.ds).alias("updated_ds"),
+            )
+            .persist()
+        )
         try:
+            n_texts = vectors.count()
             n_embedded = embedded.count()
             version = (
                 merge_table(embedded, ENTITY_CONTENT, cfg.warehouse, ("node_id",)) if n_embedded else None
             )
         finally:
             embedded.unpersist()
+            vectors.unpersist()
     finally:
         texts.unpersist()
-    report = EnrichReport(nodes=total, embedded=n_embedded, unchanged=total - n_embedded, version=version)
-    log.counts.update(rows_in=total, rows_out=n_embedded, unchanged=report.unchanged)
+    report = EnrichReport(
+        nodes=total, embedded=n_embedded, unchanged=total - n_embedded, version=version, texts=n_texts
+    )
+    log.counts.update(rows_in=total, rows_out=n_embedded, unchanged=report.unchanged, texts_encoded=n_texts)
     log.emit()
     return report
 
@@ -214,7 +232,10 @@ def enrich(spark: SparkSession, cfg: EnrichConfig) -> EnrichReport:
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
     report = enrich(get_spark("hir-enrich"), cfg)
-    print(f"enrich {cfg.ds}: {report.nodes} nodes, {report.embedded} embedded, {report.unchanged} unchanged")
+    print(
+        f"enrich {cfg.ds}: {report.nodes} nodes, {report.embedded} embedded ({report.texts} distinct texts), "
+        f"{report.unchanged} unchanged"
+    )
     return 0
 
 

@@ -59,6 +59,7 @@ def content(spark, warehouse):
 def test_texts_from_taxonomy_brand_price_and_never_later_days(spark, small_warehouse):
     report = enrich(spark, EnrichConfig(ds=D1, warehouse=str(small_warehouse), encoder="hashing:64"))
     assert (report.nodes, report.embedded, report.unchanged) == (7, 7, 0)  # users get no text
+    assert report.texts == 6  # item 2 and category 55 read the same: the encoder runs once for both
     texts = {raw: row["text"] for raw, row in content(spark, small_warehouse).items()}
     assert texts == {
         "1": "appliances kitchen mixer. brand elenberg. low price",  # D2's 'bosch' is not visible on D1
@@ -88,7 +89,7 @@ def test_second_run_embeds_only_changed_texts(spark, small_warehouse):
     assert (again.embedded, again.unchanged) == (0, 7)
     # On D2 item 1's brand changed: exactly that entity is re-embedded, the rest keep their vectors.
     day2 = enrich(spark, EnrichConfig(ds=D2, warehouse=str(small_warehouse), encoder="hashing:64"))
-    assert (day2.embedded, day2.unchanged) == (1, 6)
+    assert (day2.embedded, day2.unchanged, day2.texts) == (1, 6, 1)
     after = content(spark, small_warehouse)
     assert after["1"]["text"] == "appliances kitchen mixer. brand bosch. low price"
     assert after["1"]["updated_ds"] == D2 and after["2"]["updated_ds"] == D1
