@@ -318,12 +318,17 @@ class _Prefixed:
         self.stream.flush()
 
 
+def history_train_flags(cfg: EvalConfig) -> list[str]:
+    """The train flags of every HIR variant on the history (an ablation adds its own switch)."""
+    return [*cfg.stage_args.get("train", ()), "--no-progress", "--allow-collapsed"]
+
+
 def history_pipeline_argv(cfg: EvalConfig, ds: dt.date, variants: Sequence[str]) -> list[str]:
     """`hir pipeline` flags for the history warehouse: the day's stages up to the item index (up to the content
     when the full model is not evaluated), with the evaluation's --stage-args. A collapsed model is a result
     here, not a failure: train and embed get --allow-collapsed."""
     stage_args = {stage: list(flags) for stage, flags in cfg.stage_args.items()}
-    stage_args["train"] = [*stage_args.get("train", []), "--no-progress", "--allow-collapsed"]
+    stage_args["train"] = history_train_flags(cfg)
     stage_args["embed"] = [*stage_args.get("embed", []), "--allow-collapsed"]
     until = "build-index" if "hir" in variants else "enrich"
     argv = ["--ds", str(ds), "--warehouse", cfg.history_warehouse, "--until-stage", until]
@@ -360,11 +365,11 @@ def run_history_pipeline(spark: SparkSession, cfg: EvalConfig, ds: dt.date, vari
             )
         )
     # The ablations: the full model's train flags (as the history pipeline passed them) plus their own switch.
-    flags = ["--ds", str(ds), "--warehouse", wh, *cfg.stage_args.get("train", ()), "--no-progress"]
+    flags = ["--ds", str(ds), "--warehouse", wh, *history_train_flags(cfg)]
     for name in variants:
         if name == "hir":
             continue
-        train_cfg = train_encoder.config_from_args([*flags, "--allow-collapsed", *HIR_VARIANTS[name]])
+        train_cfg = train_encoder.config_from_args([*flags, *HIR_VARIANTS[name]])
         started = time.perf_counter()
         models[name] = train_encoder.train(train_cfg, train_encoder.resolve_inputs(spark, train_cfg))
         timings[f"train {name}"] = round(time.perf_counter() - started, 1)

@@ -39,7 +39,7 @@ def _source(module: str) -> str | None:
 
 def _imports(module: str, source: str) -> set[str]:
     """Project modules named by the import statements of `source` (relative imports resolved against `module`)."""
-    is_package = (importlib.util.find_spec(module).submodule_search_locations or None) is not None
+    is_package = importlib.util.find_spec(module).submodule_search_locations is not None
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
@@ -64,25 +64,30 @@ def _imports(module: str, source: str) -> set[str]:
     return {m for m in out if _source(m) is not None}
 
 
-def closure(modules: Iterable[str]) -> list[str]:
-    """Every project module the given ones import, themselves included, sorted."""
-    seen: set[str] = set()
-    todo = [m for m in modules]
+def sources(modules: Iterable[str]) -> dict[str, str]:
+    """Every project module the given ones import, themselves included: name -> source, sorted by name."""
+    found: dict[str, str] = {}
+    todo = list(modules)
     while todo:
         module = todo.pop()
-        if module in seen:
+        if module in found:
             continue
         source = _source(module)
         if source is None:
             raise ValueError(f"no source for module {module}")
-        seen.add(module)
-        todo.extend(_imports(module, source) - seen)
-    return sorted(seen)
+        found[module] = source
+        todo.extend(_imports(module, source) - found.keys())
+    return dict(sorted(found.items()))
+
+
+def closure(modules: Iterable[str]) -> list[str]:
+    """Every project module the given ones import, themselves included, sorted."""
+    return list(sources(modules))
 
 
 def code_version(*modules: str) -> str:
     """'src:<sha256 prefix>' over the closure's module names and sources."""
     digest = hashlib.sha256()
-    for module in closure(modules):
-        digest.update(module.encode() + b"\0" + _source(module).encode() + b"\0")
+    for module, text in sources(modules).items():
+        digest.update(module.encode() + b"\0" + text.encode() + b"\0")
     return "src:" + digest.hexdigest()[:16]
