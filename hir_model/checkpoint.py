@@ -124,7 +124,7 @@ def load_quantiser(model_dir: str | Path) -> ResidualQuantiser | None:
 
 @dataclass
 class LoadedModel:
-    """What the embedding job needs from a model directory: the serving encoder (the EMA teacher), eval mode."""
+    """What the embedding job needs from a model directory: the serving encoder (the student), eval mode."""
 
     encoder: HIREncoder
     config: ModelConfig
@@ -133,11 +133,11 @@ class LoadedModel:
 
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> LoadedModel:
-    """Rebuild the serving encoder (teacher weights) and the quantiser from a model directory."""
+    """Rebuild the serving encoder (the student weights) and the quantiser from a model directory."""
     model_dir = Path(model_dir)
     model_config, _ = read_config(model_dir)
     weights = load_weights(model_dir, map_location=device)
     encoder = HIREncoder(model_config).to(device)
-    encoder.load_state_dict(weights["teacher"])
+    encoder.load_state_dict(weights["student"])
     encoder.eval().requires_grad_(False)
     return LoadedModel(encoder, model_config, load_quantiser(model_dir), model_dir.name)

@@ -10,8 +10,7 @@ Both return the same arrays, so the trainer never depends on one library (tests/
 
 Determinism: the rows are put in a canonical order (sorted by target node id) after reading, so the batches depend
 only on the rows, the batch size and the seed: not on the reader, the file order or how Spark split the day into
-files. Each epoch is a seeded permutation; batch k of the run is a pure function of (rows, pairs, seed, k), which
-is what makes `--resume` exact.
+files (hir_model.pairs builds the training batches on them).
 
 Memory trade-off: the whole day's neighbourhood rows are held in memory (about 33 bytes per token: 64 tokens make
 ~2 KB a row, so 1M target nodes take ~2 GB; content vectors add 4 bytes x content_dim per entity). That buys a true
@@ -21,7 +20,6 @@ pairs joined in Spark and streamed with a row-group shuffle instead (a buffer-li
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,8 +27,6 @@ from typing import Protocol
 from urllib.parse import urlparse
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from hir_model.batch import TOKEN_COLUMNS, ContentTable, TokenBatch, batch_from_columns
 
@@ -116,6 +112,11 @@ class PyarrowReader:
             for name in columns:
                 chunks[name].append(_arrow_to_numpy(table.column(name)))
         return {name: _as_column(name, parts) for name, parts in chunks.items()}
+
+
+def arrow_columns(table, columns: Sequence[str]) -> dict[str, np.ndarray]:
+    """Columns of an in-memory Arrow table as the readers return them (what Spark's toArrow gives)."""
+    return {name: _as_column(name, [_arrow_to_numpy(table.column(name))]) for name in columns}
 
 
 def _arrow_to_numpy(column) -> np.ndarray:
@@ -237,7 +238,13 @@ class NeighbourhoodRows:
         return np.where(self.node_id[pos] == node_ids, pos, -1)
 
     def batch(self, rows: np.ndarray, content: ContentTable | None = None) -> TokenBatch:
-        batch = batch_from_columns({c: v[rows] for c, v in self.columns.items()})
+        """Rows `rows` as a TokenBatch cut to the longest of them: the positions after every row's last token are
+        padding for all of them (the attention ignores padding), and a Taobao item averages 6 of its 64."""
+        num_tokens = self.columns["num_tokens"][rows]
+        width = int(num_tokens.max()) if len(rows) else self.max_tokens
+        batch = batch_from_columns(
+            {c: v[rows] if v.ndim == 1 else v[rows, :width] for c, v in self.columns.items()}
+        )
         return content.attach(batch) if content is not None else batch
 
 
@@ -253,115 +260,6 @@ def read_content(reader: RowReader, files: Sequence[str]) -> ContentTable | None
     if columns["vector"].ndim != 2:
         raise ValueError("entity_content vectors have different lengths: one encoder per table")
     return ContentTable(columns["node_id"], columns["vector"])
-
-
-# -- training pairs and batches ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TrainingPairs:
-    """(user row, converted item row) pairs of the day, sorted by (user, item) node id, with logQ per pair."""
-
-    user_row: np.ndarray  # (P,) int64 rows of NeighbourhoodRows
-    item_row: np.ndarray  # (P,) int64
-    item_log_pop: (
-        np.ndarray
-    )  # (P,) float32: log share of the item among the pairs (logQ of in-batch sampling)
-    missing: int  # conversions dropped because the user or the item has no neighbourhood row that day
-
-    def __len__(self) -> int:
-        return len(self.user_row)
-
-
-def make_pairs(rows: NeighbourhoodRows, user_ids: np.ndarray, item_ids: np.ndarray) -> TrainingPairs:
-    """Distinct (user, item) conversions whose both ends have a neighbourhood row, in canonical order."""
-    user_ids = np.asarray(user_ids, dtype=np.int64)
-    item_ids = np.asarray(item_ids, dtype=np.int64)
-    if len(user_ids):
-        distinct = np.unique(np.stack([user_ids, item_ids], axis=1), axis=0)  # sorted by (user, item)
-        user_ids, item_ids = distinct[:, 0], distinct[:, 1]
-    user_row, item_row = rows.index_of(user_ids), rows.index_of(item_ids)
-    found = (user_row >= 0) & (item_row >= 0)
-    user_row, item_row = user_row[found], item_row[found]
-    _, item_index, counts = np.unique(item_row, return_inverse=True, return_counts=True)
-    log_pop = np.log(counts / max(len(item_row), 1)).astype(np.float32)[item_index] if len(item_row) else []
-    return TrainingPairs(
-        user_row, item_row, np.asarray(log_pop, dtype=np.float32), missing=int((~found).sum())
-    )
-
-
-class TrainingBatches:
-    """The trainer's loader: batches (users, pos_items, item_log_pop, is_pair) for steps [start_step, steps), of
-    at most batch_size rows.
-
-    An epoch is a seeded shuffle of slots: one slot per conversion pair (user row, converted item row), and one
-    slot per two rows that are in no pair (users without conversions, items nobody converted on, categories,
-    advertisers), so every entity of the day is trained by the distillation and each conversion by the
-    retrieval objective once per epoch. `is_pair` marks the pair slots; the trainer's retrieval loss only sees
-    those, with in-batch negatives taken from the other pairs of the batch.
-    """
-
-    def __init__(
-        self,
-        rows: NeighbourhoodRows,
-        pairs: TrainingPairs,
-        batch_size: int,
-        steps: int,
-        seed: int,
-        content: ContentTable | None = None,
-        start_step: int = 0,
-    ) -> None:
-        if batch_size < 1 or steps < 0:
-            raise ValueError("batch_size must be >= 1 and steps >= 0")
-        if len(rows) < 2:
-            raise ValueError(f"need at least 2 neighbourhood rows to train, got {len(rows)}")
-        self.rows, self.pairs, self.content = rows, pairs, content
-        self.batch_size, self.steps, self.seed, self.start_step = batch_size, steps, seed, start_step
-        in_pairs = np.zeros(len(rows), dtype=bool)
-        in_pairs[pairs.user_row] = True
-        in_pairs[pairs.item_row] = True
-        self.unpaired = np.flatnonzero(~in_pairs)  # rows trained by distillation only
-        self.slots_per_epoch = len(pairs) + math.ceil(len(self.unpaired) / 2)
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return math.ceil(self.slots_per_epoch / self.batch_size)
-
-    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(user rows, item rows, logQ, is_pair) of every slot of the epoch, in the epoch's shuffled order."""
-        rng = np.random.default_rng([self.seed, epoch])
-        unpaired = rng.permutation(self.unpaired)
-        if len(unpaired) % 2:  # the odd row out is paired with a random other row, so every row is seen
-            unpaired = np.append(unpaired, rng.choice(len(self.rows)))
-        users = np.concatenate([self.pairs.user_row, unpaired[0::2]])
-        items = np.concatenate([self.pairs.item_row, unpaired[1::2]])
-        log_pop = np.concatenate([self.pairs.item_log_pop, np.zeros(len(unpaired) // 2, dtype=np.float32)])
-        is_pair = np.arange(len(users)) < len(self.pairs)
-        order = rng.permutation(len(users))
-        return users[order], items[order], log_pop[order], is_pair[order]
-
-    def __iter__(self) -> Iterator[tuple[TokenBatch, TokenBatch, Tensor, Tensor]]:
-        per_epoch = self.batches_per_epoch
-        epoch, plan = -1, None
-        for step in range(self.start_step, self.steps):
-            if step // per_epoch != epoch:
-                epoch = step // per_epoch
-                plan = self._epoch(epoch)
-            # Balanced batches (sizes differ by at most one): a last batch of one or two rows would make a noisy
-            # step and an in-batch softmax without negatives.
-            index = step % per_epoch
-            start = index * self.slots_per_epoch // per_epoch
-            end = (index + 1) * self.slots_per_epoch // per_epoch
-            users, items, log_pop, is_pair = (a[start:end] for a in plan)
-            yield (
-                self.rows.batch(users, self.content),
-                self.rows.batch(items, self.content),
-                torch.from_numpy(log_pop.copy()),
-                torch.from_numpy(is_pair.copy()),
-            )
-
-    def __len__(self) -> int:
-        return max(self.steps - self.start_step, 0)
 
 
 def row_batches(

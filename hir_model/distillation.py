@@ -1,7 +1,7 @@
-"""Self-supervised cross-view distillation (DINO, Caron et al. 2021) and the in-batch retrieval objective.
+"""Self-supervised cross-view distillation (DINO, Caron et al. 2021).
 
-Small named functions, as in DINO's main_dino.py: the head, the loss, centering, the EMA update, the schedules,
-the collapse check, and the retrieval loss with logQ correction (Yi et al. 2019).
+Small named functions, as in DINO's main_dino.py: the head, the loss, centering, the EMA update, the schedules and
+the collapse check. The retrieval objective is hir_model.objective.
 """
 
 from __future__ import annotations
@@ -112,29 +112,3 @@ def collapse_report(
     if embeddings is not None:
         report["embedding_std"] = float(embeddings.float().std(dim=0).mean())
     return report
-
-
-def retrieval_loss(
-    user_emb: Tensor,
-    item_emb: Tensor,
-    item_log_pop: Tensor,
-    temperature: float,
-    item_ids: Tensor | None = None,
-) -> Tensor:
-    """In-batch sampled softmax: row i's positive is item i, the other rows' items are its negatives.
-
-    logQ correction (Yi et al. 2019, as TF's sampled softmax): in-batch candidates are sampled by popularity, so
-    each candidate column's score is lowered by its log sampling probability `item_log_pop` (B,). It is applied
-    to every column, the positive included, since a column is the same candidate whether it is row i's positive
-    or row j's negative; any constant offset cancels, so log counts work as well as log frequencies. When
-    `item_ids` (B,) is given, a row's off-diagonal columns holding its own positive item (duplicates in the
-    batch) are masked out rather than counted as negatives.
-    """
-    logits = user_emb @ item_emb.T / temperature  # (B, B) cosine / T
-    logits = logits - item_log_pop.to(logits.dtype)[None, :]
-    labels = torch.arange(logits.shape[0], device=logits.device)
-    if item_ids is not None:
-        same_item = item_ids[:, None] == item_ids[None, :]  # (B, B)
-        accidental = same_item & (labels[:, None] != labels[None, :])
-        logits = logits.masked_fill(accidental, float("-inf"))
-    return F.cross_entropy(logits, labels)

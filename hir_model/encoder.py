@@ -14,7 +14,11 @@ from torch import Tensor, nn
 from hir_model.attention import HierarchicalAttention, TreeLayout, build_layout, resolve_backend
 from hir_model.batch import TokenBatch
 from hir_model.config import ModelConfig
-from schemas.codes import NUM_EDGE_TYPES, NUM_NODE_TYPES
+from schemas.codes import NODE_TYPES, NUM_EDGE_TYPES, NUM_NODE_TYPES
+
+# Scale of the item-bag projection at init: id embeddings start at std 0.02 (x2 hashes), the transformer output
+# at ~0.1 per dimension; 5 puts a row's own items on the same footing.
+_BAG_INIT_GAIN = 5.0
 
 
 def _signed64(value: int) -> int:
@@ -60,12 +64,17 @@ class TokenFeatures(nn.Module):
         self.weight_proj = nn.Linear(1, dim)
         self.content_proj = nn.Linear(config.content_dim, dim) if config.content_enabled else None
 
-    def forward(self, batch: TokenBatch) -> Tensor:
+    def id_vectors(self, batch: TokenBatch) -> Tensor:
+        """(B, L, D) hashed id embedding of every token (the sum over the id hashes)."""
         cfg = self.config
-        x = sum(
+        return sum(
             self.id_embedding(hash_node_ids(batch.node_id, batch.node_type, cfg.id_buckets, salt))
             for salt in range(cfg.num_id_hashes)
-        )  # (B, L, D)
+        )
+
+    def forward(self, batch: TokenBatch) -> Tensor:
+        cfg = self.config
+        x = self.id_vectors(batch)  # (B, L, D)
         x = x + self.node_type_embedding(batch.node_type.clamp(0, NUM_NODE_TYPES - 1))
         x = x + self.edge_type_embedding(batch.edge_type.clamp(0, NUM_EDGE_TYPES - 1))
         x = x + self.hop_embedding(batch.hop.clamp(0, cfg.max_hop))
@@ -121,7 +130,13 @@ class HIREncoder(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
         self.ln_out = nn.LayerNorm(config.dim)
         self.out_proj = nn.Linear(config.dim, config.dim)
+        self.bag_proj = nn.Linear(config.dim, config.dim, bias=False) if config.use_item_bag else None
         self.apply(self._init_weights)
+        if self.bag_proj is not None:
+            # Starts as the identity at a scale near the transformer output's: two rows holding the same item
+            # score high from the first step, and training reshapes it.
+            nn.init.eye_(self.bag_proj.weight)
+            self.bag_proj.weight.data.mul_(_BAG_INIT_GAIN)
         # GPT-2 scaled init of the residual projections: keeps the residual stream's variance flat with depth.
         for name, param in self.named_parameters():
             if name.endswith("attn.proj.weight") or name.endswith("ffn.2.weight"):
@@ -159,6 +174,19 @@ class HIREncoder(nn.Module):
             x = block(x, layout)
         return x
 
+    def item_bag(self, batch: TokenBatch) -> Tensor:
+        """(B, D): the weighted mean id embedding of the row's items at hop 0 and 1: an item row's is its own id,
+        a user row's the items of its history (weights log1p of the edge weight). Its inner product between a
+        user and an item is high when the item is in the user's row, in proportion to its weight there: the
+        repeat signal, inside the embedding itself."""
+        is_item = (batch.node_type == NODE_TYPES["item"]) & (batch.hop <= 1)
+        weight = torch.where(batch.hop == 0, 1.0, torch.log1p(batch.weight.clamp(min=0))) * is_item
+        total = weight.sum(dim=1, keepdim=True).clamp_min(1e-6)
+        return (weight.unsqueeze(-1) * self.features.id_vectors(batch)).sum(dim=1) / total
+
     def forward(self, batch: TokenBatch) -> Tensor:
         target = self.encode_tokens(batch)[:, 0]  # (B, D): position 0 is the target node
-        return F.normalize(self.out_proj(self.ln_out(target)), dim=-1)
+        out = self.out_proj(self.ln_out(target))
+        if self.bag_proj is not None:
+            out = out + self.bag_proj(self.item_bag(batch))
+        return F.normalize(out, dim=-1)

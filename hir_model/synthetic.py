@@ -13,7 +13,6 @@ Everything is drawn from one numpy Generator, so a seed fixes the data.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +20,8 @@ import torch
 from torch import Tensor
 
 from hir_model.batch import TokenBatch, batch_from_columns
+from hir_model.data import NeighbourhoodRows
+from hir_model.pairs import PairBatches, make_next_period_pairs
 from schemas.codes import EDGE_TYPES, NODE_TYPES
 
 USER_ID_BASE, ITEM_ID_BASE, CATEGORY_ID_BASE = 10_000, 1_000_000, 5_000_000
@@ -237,18 +238,60 @@ def make_synthetic(
     )
 
 
+def _keep_tokens(columns: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    """The token columns with only the `keep` (N, L) tokens, moved to the front, parents renumbered."""
+    new_pos = np.cumsum(keep, axis=1) - 1  # (N, L): where each kept token lands
+    parent = columns["token_parent_pos"]
+    columns = dict(columns)
+    columns["token_parent_pos"] = np.where(
+        parent >= 0, np.take_along_axis(new_pos, np.maximum(parent, 0), axis=1), -1
+    ).astype(parent.dtype)
+    order = np.argsort(~keep, axis=1, kind="stable")  # kept tokens first, in their order
+    out = {c: np.take_along_axis(v, order, axis=1) for c, v in columns.items() if v.ndim == 2}
+    out["num_tokens"] = keep.sum(axis=1).astype(np.int32)
+    return out
+
+
+def synthetic_rows(data: SyntheticNeighbourhoods) -> tuple[NeighbourhoodRows, NeighbourhoodRows]:
+    """(input rows, served rows) of the next-period objective: the users' rows without their conversions (the
+    past: views, and the categories under them), and every user and item row as served."""
+
+    def with_ids(columns: dict[str, np.ndarray], node_type: str) -> dict[str, np.ndarray]:
+        n = len(columns["token_node_id"])
+        num_tokens = columns.get("num_tokens", (columns["token_node_type"] != 0).sum(axis=1).astype(np.int32))
+        return {
+            **columns,
+            "num_tokens": num_tokens,
+            "node_id": columns["token_node_id"][:, 0],
+            "node_type": np.array([node_type] * n, dtype=object),
+        }
+
+    users, items = data.user_columns, data.item_columns
+    real = users["token_node_type"] != 0
+    deep_hop1 = users["token_is_deep"] & (users["token_hop"] == 1)
+    under_deep = (users["token_hop"] == 2) & np.take_along_axis(
+        deep_hop1, np.maximum(users["token_parent_pos"], 0), axis=1
+    )
+    inputs = NeighbourhoodRows.from_columns(
+        with_ids(_keep_tokens(users, real & ~deep_hop1 & ~under_deep), "user")
+    )
+    served_users, served_items = with_ids(users, "user"), with_ids(items, "item")
+    served = NeighbourhoodRows.from_columns(
+        {c: np.concatenate([served_users[c], served_items[c]]) for c in served_users}
+    )
+    return inputs, served
+
+
 def synthetic_batches(
-    data: SyntheticNeighbourhoods, batch_size: int, steps: int, seed: int = 0
-) -> Iterator[tuple[TokenBatch, TokenBatch, Tensor]]:
-    """A trainer loader: `steps` batches of (users, one converted item per user, that item's log popularity)."""
-    rng = np.random.default_rng(seed)
-    num_users = data.users.batch_size
-    batch_size = min(batch_size, num_users)
-    for _ in range(steps):
-        users = torch.from_numpy(rng.choice(num_users, size=batch_size, replace=False))
-        pick = torch.from_numpy(rng.integers(data.user_conversions.shape[1], size=batch_size))
-        items = data.user_conversions[users, pick]
-        yield data.users.select(users), data.items.select(items), data.item_log_pop[items]
+    data: SyntheticNeighbourhoods, batch_size: int, steps: int, seed: int = 0, negatives: int | None = None
+) -> PairBatches:
+    """A trainer loader of next-period pairs: each user's conversions predicted from its views."""
+    inputs, served = synthetic_rows(data)
+    users = np.repeat(data.users.node_id[:, 0].numpy(), data.user_conversions.shape[1])
+    items = data.items.node_id[data.user_conversions.reshape(-1), 0].numpy()
+    pairs = make_next_period_pairs(inputs, served, users, items, np.full(len(users), STAGE_WEIGHT["cart"]))
+    negatives = batch_size if negatives is None else negatives
+    return PairBatches(inputs, served, pairs, batch_size, negatives, steps, seed)
 
 
 def random_tree_batch(

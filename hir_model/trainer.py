@@ -1,20 +1,17 @@
-"""Training loop: cross-view distillation (EMA teacher on the rich view, student on the sparse view) plus
-in-batch retrieval of each user's converted item.
+"""Training loop: the next-period retrieval objective on the served network, regularised by cross-view
+distillation.
 
-One step:
-    users, items --sparse_view--> student --head--> student logits     (gradients)
-    users, items ---------------> teacher --head--> teacher logits     (EMA of the student, no gradients)
-    loss = distill_weight * DINO(student | teacher) on users and items
-         + retrieval_weight * in-batch softmax(student user, student item of the user's conversion)
+One step on a RetrievalBatch (hir_model.pairs):
+    users, positive items, uniform negatives --full view--> student --> mixed-negative softmax (hir_model.objective)
+    users, negatives --sparse view--> student --head--> student logits   (gradients)
+    users, negatives --full view----> teacher --head--> teacher logits   (EMA of the student, no gradients)
+    loss = retrieval_weight * retrieval + distill_weight * DINO(student | teacher)
 
-The retrieval side uses the *student* item embedding (of the item's sparse view) so gradients reach the encoder
-from both ends; the sparse view also strips the item's deep-funnel edges, among them the converting user,
-which would otherwise make the positive trivially identifiable. Embeddings are served by the *teacher* (as in
-DINO): it sees the full neighbourhood and, as an average of recent students, is the steadier network.
-
-A loader is any iterable of (users TokenBatch, pos_items TokenBatch, item_log_pop (B,) tensor), row i of
-pos_items being an item user i converted on; a fourth element `is_pair` (B,) bool, when present, marks the rows
-that are such pairs, and the other rows then train the distillation only (entities without conversions).
+The **student** is what gets served (`embed`, hir_model.checkpoint.load_model): the network and the view the
+retrieval objective trains are the ones the embedding job runs, so every edge type of a served row, deep ones
+included, gets gradients. The teacher exists for the self-supervised term only (its ablation measures it).
+Model selection: the job validates after each epoch and `record_validation` keeps the best student, which
+`restore_best` puts back before the model is written.
 """
 
 from __future__ import annotations
@@ -37,14 +34,15 @@ from hir_model.distillation import (
     cosine_schedule,
     distillation_loss,
     ema_update,
-    retrieval_loss,
     teacher_temp_schedule,
     update_center,
 )
 from hir_model.encoder import HIREncoder
+from hir_model.objective import mixed_negative_loss
+from hir_model.pairs import RetrievalBatch
 from hir_model.quantiser import ResidualQuantiser
 
-Loader = Iterable[tuple[TokenBatch, TokenBatch, Tensor] | tuple[TokenBatch, TokenBatch, Tensor, Tensor]]
+Loader = Iterable[RetrievalBatch]
 
 
 def default_device() -> torch.device:
@@ -90,6 +88,7 @@ class Trainer:
         # Student-view coin flips come from their own CPU generator: same draws on every device, saved with the model.
         self.view_generator = torch.Generator().manual_seed(train_config.seed + 1)
         self.history: list[dict[str, Any]] = []
+        self.best: dict[str, Any] | None = None  # record_validation: metric, step, student weights
 
     # -- schedules -----------------------------------------------------------------------------------------
 
@@ -112,17 +111,10 @@ class Trainer:
 
     # -- training ------------------------------------------------------------------------------------------
 
-    def train_step(
-        self, users: TokenBatch, pos_items: TokenBatch, item_log_pop: Tensor, is_pair: Tensor | None = None
-    ) -> dict[str, Any]:
-        """One optimisation step; returns the step's metrics (JSON-ready).
-
-        `is_pair` (B,) bool: rows whose pos_items row is a conversion of the user; only those enter the retrieval
-        loss (in-batch negatives from the other pairs). Default: every row is a pair.
-        """
+    def train_step(self, batch: RetrievalBatch) -> dict[str, Any]:
+        """One optimisation step on a batch of next-period pairs; returns the step's metrics (JSON-ready)."""
         cfg, tc = self.model_config, self.train_config
-        users, pos_items = users.to(self.device), pos_items.to(self.device)
-        item_log_pop = item_log_pop.to(self.device)
+        batch = batch.to(self.device)
         step = self.step
         lr, momentum, teacher_temp = self.lr_at(step), self.momentum_at(step), self.teacher_temp_at(step)
         for group in self.optimizer.param_groups:
@@ -130,44 +122,25 @@ class Trainer:
 
         self.student.train()
         self.student_head.train()
-        student_users = self.student(sparse_view(users, self.view_generator, cfg.token_dropout))  # (B, D)
-        student_items = self.student(sparse_view(pos_items, self.view_generator, cfg.token_dropout))  # (B, D)
-        with torch.no_grad():
-            teacher_users, teacher_items = self.teacher(users), self.teacher(pos_items)  # rich views
-            teacher_logits_users = self.teacher_head(teacher_users)  # (B, K)
-            teacher_logits_items = self.teacher_head(teacher_items)
-
-        temps = (cfg.student_temp, teacher_temp)
-        distill_users = distillation_loss(
-            self.student_head(student_users), teacher_logits_users, self.center, *temps
+        # Retrieval trains the served network on the served view: every token a served row holds, deep ones too.
+        users = self.student(batch.users)  # (B, D)
+        items = self.student(batch.items)  # (B, D)
+        negatives = self.student(batch.negatives)  # (M, D)
+        retrieval = mixed_negative_loss(
+            users,
+            items,
+            negatives,
+            batch.positive_log_q,
+            batch.negative_log_q,
+            batch.in_batch_mask,
+            batch.negative_mask,
+            batch.weights,
+            cfg.retrieval_temp,
         )
-        distill_items = distillation_loss(
-            self.student_head(student_items), teacher_logits_items, self.center, *temps
-        )
-        distill = (distill_users + distill_items) / 2
-        if is_pair is None:
-            retrieval = retrieval_loss(
-                student_users,
-                student_items,
-                item_log_pop,
-                cfg.retrieval_temp,
-                item_ids=pos_items.node_id[:, 0],
-            )
-            num_pairs = users.batch_size
-        else:
-            is_pair = is_pair.to(self.device)
-            num_pairs = int(is_pair.sum())
-            if num_pairs == 0:
-                # A batch without conversions has no retrieval term (a cross-entropy over no rows is NaN).
-                retrieval = student_users.sum() * 0.0
-            else:
-                retrieval = retrieval_loss(
-                    student_users[is_pair],
-                    student_items[is_pair],
-                    item_log_pop[is_pair],
-                    cfg.retrieval_temp,
-                    item_ids=pos_items.node_id[is_pair, 0],
-                )
+        report: dict[str, Any] = {}
+        distill = retrieval.new_zeros(())
+        if cfg.distill_weight > 0:
+            distill, report = self._distillation(batch, teacher_temp)
         loss = cfg.distill_weight * distill + cfg.retrieval_weight * retrieval
 
         self.optimizer.zero_grad(set_to_none=True)
@@ -177,34 +150,53 @@ class Trainer:
         self.optimizer.step()
         ema_update(self.teacher, self.student, momentum)
         ema_update(self.teacher_head, self.student_head, momentum)
-
-        teacher_logits = torch.cat([teacher_logits_users, teacher_logits_items])  # (2B, K)
-        teacher_probs = F.softmax((teacher_logits - self.center) / teacher_temp, dim=-1)
-        report = collapse_report(
-            teacher_probs,
-            float(distill.detach()),
-            cfg.num_prototypes,
-            embeddings=teacher_users,
-            warmed_up=step >= cfg.teacher_temp_warmup_steps,
-        )
-        self.center = update_center(self.center, teacher_logits, cfg.center_momentum)
         self.step += 1
         metrics = {
             "step": self.step,
             "loss": float(loss.detach()),
             "distill": float(distill.detach()),
-            "distill_users": float(distill_users.detach()),
-            "distill_items": float(distill_items.detach()),
             "retrieval": float(retrieval.detach()),
-            "pairs": num_pairs,
+            "pairs": batch.users.batch_size,
+            "negatives": batch.negatives.batch_size,
             "grad_norm": float(grad_norm),
             "lr": lr,
             "momentum": momentum,
             "teacher_temp": teacher_temp,
+            "embedding_std": float(users.detach().std(dim=0).mean()),
             **report,
         }
         self.history.append(metrics)
         return metrics
+
+    def _distillation(self, batch: RetrievalBatch, teacher_temp: float) -> tuple[Tensor, dict[str, Any]]:
+        """DINO between the student's sparse view and the EMA teacher's full view, on the batch's users and its
+        uniform corpus items (so every kind of served row is regularised, not only converted items)."""
+        cfg = self.model_config
+        rows = (batch.users, batch.negatives)
+        with torch.no_grad():
+            teacher_logits = [self.teacher_head(self.teacher(r)) for r in rows]
+        temps = (cfg.student_temp, teacher_temp)
+        losses = [
+            distillation_loss(
+                self.student_head(self.student(sparse_view(r, self.view_generator, cfg.token_dropout))),
+                t,
+                self.center,
+                *temps,
+            )
+            for r, t in zip(rows, teacher_logits, strict=True)
+            if r.batch_size
+        ]
+        distill = sum(losses) / len(losses)
+        logits = torch.cat(teacher_logits)
+        probs = F.softmax((logits - self.center) / teacher_temp, dim=-1)
+        report = collapse_report(
+            probs,
+            float(distill.detach()),
+            cfg.num_prototypes,
+            warmed_up=self.step >= cfg.teacher_temp_warmup_steps,
+        )
+        self.center = update_center(self.center, logits, cfg.center_momentum)
+        return distill, report
 
     def fit(
         self,
@@ -212,8 +204,10 @@ class Trainer:
         steps: int | None = None,
         on_metrics: Callable[[dict[str, Any]], None] | None = None,
         checkpoint_root: str | Path | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> list[dict[str, Any]]:
-        """Train for `steps` more steps (default: up to train_config.steps) or until the loader runs out.
+        """Train for `steps` more steps (default: up to train_config.steps), until the loader runs out, or until
+        `stop()` says so (checked after each step's checkpoint).
 
         With `checkpoint_root` and train_config.checkpoint_every > 0, saves `<root>/step-NNNNNNNN` every N steps.
         """
@@ -223,21 +217,36 @@ class Trainer:
         if remaining <= 0:
             return done
         for batch in loader:
-            metrics = self.train_step(*batch)
+            metrics = self.train_step(batch)
             done.append(metrics)
             if on_metrics is not None:
                 on_metrics(metrics)
             if checkpoint_root is not None and every > 0 and self.step % every == 0:
                 self.save(Path(checkpoint_root) / f"step-{self.step:08d}")
-            if len(done) >= remaining:
+            if len(done) >= remaining or (stop is not None and stop()):
                 break
         return done
 
     @torch.no_grad()
     def embed(self, batch: TokenBatch) -> Tensor:
-        """Serving embeddings (B, dim): the teacher on the full view, eval mode."""
-        self.teacher.eval()
-        return self.teacher(batch.to(self.device))
+        """Serving embeddings (B, dim): the student, which the retrieval objective trains, on the full view."""
+        self.student.eval()
+        return self.student(batch.to(self.device))
+
+    # -- model selection -----------------------------------------------------------------------------------
+
+    def record_validation(self, metric: float) -> bool:
+        """Keep the student of the best validation metric so far; True when this one is the best."""
+        if self.best is not None and metric <= self.best["metric"]:
+            return False
+        student = {k: v.detach().clone().cpu() for k, v in self.student.state_dict().items()}
+        self.best = {"metric": float(metric), "step": self.step, "student": student}
+        return True
+
+    def restore_best(self) -> None:
+        """Load the best validated student back (what gets served); no-op without a validation."""
+        if self.best is not None:
+            self.student.load_state_dict(self.best["student"])
 
     # -- persistence ---------------------------------------------------------------------------------------
 
@@ -251,6 +260,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "center": self.center,
             "step": self.step,
+            "best": self.best,
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -281,6 +291,7 @@ class Trainer:
         trainer.optimizer.load_state_dict(state["optimizer"])
         trainer.center = state["center"].to(trainer.device)
         trainer.step = int(state["step"])
+        trainer.best = state.get("best")
         rng = state["rng"]
         torch.set_rng_state(rng["torch"].cpu())
         if rng["cuda"] and torch.cuda.is_available():

@@ -26,6 +26,7 @@ A rerun of a day replaces that day's partition.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import sys
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ class SampleConfig:
     node_types: tuple[str, ...] = ("user", "item")
     k1: int = 4
     k2: int = 2
+    user_k1: int | None = None  # hop-1 budget per edge type of a user target; None: sized from the data
     max_tokens: int = 64
     seed: int = 0
     salts: int = DEFAULT_SALTS
@@ -80,6 +82,13 @@ def build_parser() -> JobArgumentParser:
         default=4,
         help="Hop-1 neighbours per edge type. With --k2 2 an item (6 edge types) fills at most 1 + 18 + 36 = 55 "
         "tokens: every branch fits the model's default 64.",
+    )
+    p.add_argument(
+        "--user-k1",
+        default="auto",
+        help="Hop-1 neighbours per edge type of a user target: a user's row is its history, and the model can "
+        "only point at the items it holds. 'auto' (default): the 90th percentile of the users' distinct items "
+        "per edge type in the day's graph, at least --k1 and at most --max-tokens - 1.",
     )
     p.add_argument(
         "--k2",
@@ -122,6 +131,14 @@ def config_from_args(argv: Sequence[str] | None) -> SampleConfig:
         )
     if args.k1 < 1 or args.k2 < 0:
         raise HirError("--k1 must be 1 or more and --k2 0 or more")
+    user_k1 = None
+    if args.user_k1 != "auto":
+        try:
+            user_k1 = int(args.user_k1)
+        except ValueError:
+            raise HirError(f"--user-k1 must be 'auto' or a number, not '{args.user_k1}'") from None
+        if user_k1 < 1:
+            raise HirError("--user-k1 must be 1 or more")
     if args.max_tokens < 2:
         raise HirError("--max-tokens must be 2 or more (the target and one neighbour)")
     if args.salts < 1:
@@ -132,6 +149,7 @@ def config_from_args(argv: Sequence[str] | None) -> SampleConfig:
         node_types=node_types,
         k1=args.k1,
         k2=args.k2,
+        user_k1=user_k1,
         max_tokens=args.max_tokens,
         seed=args.seed,
         salts=args.salts,
@@ -160,6 +178,7 @@ def keyed_edges(edges: DataFrame, cfg: SampleConfig) -> DataFrame:
     """Edges with their sampling key and token fields (codes, recency, weight as float, deep flag)."""
     return edges.where(F.col("weight") > 0).select(
         "src",
+        "src_type",
         "dst",
         "edge_type",
         sampling_key(cfg.seed, cfg.ds, F.col("weight")).alias("key"),
@@ -171,12 +190,30 @@ def keyed_edges(edges: DataFrame, cfg: SampleConfig) -> DataFrame:
     )
 
 
+def user_budget(edges: DataFrame, cfg: SampleConfig) -> int:
+    """Hop-1 tokens per edge type of a user: --user-k1, or the 90th percentile of the users' distinct items per
+    edge type (the largest over types), within [k1, max_tokens - 1]."""
+    if cfg.user_k1 is not None:
+        return min(cfg.user_k1, cfg.max_tokens - 1)
+    degrees = (
+        edges.where((F.col("src_type") == "user") & (F.col("weight") > 0))
+        .groupBy("src", "edge_type")
+        .agg(F.countDistinct("dst").alias("items"))
+        .groupBy("edge_type")
+        .agg(F.percentile("items", 0.9).alias("p90"))
+        .collect()
+    )
+    p90 = max((int(round(r["p90"])) for r in degrees), default=cfg.k1)
+    return max(cfg.k1, min(p90, cfg.max_tokens - 1))
+
+
 def draw(edges: DataFrame, cfg: SampleConfig, k: int | None = None) -> DataFrame:
     """Each node's top-k keys per edge type (rank 1 = drawn first): the weighted sample without replacement.
 
-    k defaults to what both hops need: k1 for hop 1, k2 + 1 for hop 2 (one more, in case the target is among them).
+    k defaults to what both hops need: k1 for hop 1 (the user budget for users), k2 + 1 for hop 2 (one more, in
+    case the target is among them).
     """
-    k = max(cfg.k1, cfg.k2 + 1) if k is None else k
+    k = max(cfg.k1, cfg.user_k1 or 0, cfg.k2 + 1) if k is None else k
     return top_k(
         keyed_edges(edges, cfg), ["src", "edge_type"], [F.col("key").desc()], "dst", k, "rank", cfg.salts
     )
@@ -221,10 +258,13 @@ def sample_neighbourhoods(nodes: DataFrame, edges: DataFrame, cfg: SampleConfig)
     targets = nodes.where(F.col("node_type").isin(list(cfg.node_types))).select(
         F.col("node_id").alias("target"), "node_type", "raw_id", "source"
     )
+    user_k1 = user_budget(edges, cfg)
+    cfg = dataclasses.replace(cfg, user_k1=user_k1)
     drawn = draw(edges, cfg)
     room = cfg.max_tokens - 1  # positions 1 .. max_tokens - 1 hold neighbours
 
-    hop1 = drawn.where(F.col("rank") <= cfg.k1).join(
+    budget = F.when(F.col("src_type") == "user", F.lit(user_k1)).otherwise(F.lit(cfg.k1))
+    hop1 = drawn.where(F.col("rank") <= budget).join(
         targets.select(F.col("target").alias("src")), "src", "left_semi"
     )
     hop1 = hop1.withColumn(

@@ -54,22 +54,27 @@ from hir_model.checkpoint import read_metrics, write_model_dir
 from hir_model.config import ModelConfig, TrainConfig
 from hir_model.data import (
     NeighbourhoodRows,
-    TrainingBatches,
     file_url,
-    make_pairs,
     make_reader,
     parquet_row_counts,
     read_content,
     read_neighbourhoods,
     row_batches,
 )
+from hir_model.pairs import PairBatches, make_next_period_pairs
 from hir_model.quantiser import ResidualQuantiser, purity, quantiser_report
+from hir_model.selection import Validation
 from hir_model.trainer import Trainer
+from jobs.build_graph import parse_stage_weights
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
 from jobs.common.code import code_version as source_version
 from jobs.common.errors import HirError
 from jobs.common.stage import StageLog
+from jobs.sample_neighbourhoods import SampleConfig
+from jobs.train.next_period import NextPeriod, next_period, parse_cutoff
 
+# Loss weight of a next-period engagement by its deepest stage: deep ones count most (see --positive-weights).
+POSITIVE_WEIGHTS: dict[str, float] = {"view": 0.2, "favourite": 1.0, "cart": 3.0, "purchase": 5.0}
 RUNS_DIR = ".runs"  # under the model root: work folders of runs in progress (checkpoints, live metrics log)
 POSITIVE_EDGE_TYPES = ("user_cart_item", "user_purchase_item")  # deep funnel, user -> item
 # Local day ds ends by ds+1 12:00 UTC in every time zone (the westmost is UTC-12); an edge of the day's graph whose
@@ -99,7 +104,15 @@ class TrainJobConfig:
     use_attention_bias: bool = True  # ablation: False => no edge/hop/recency attention biases
     use_distillation: bool = True  # ablation: False => retrieval objective only (no teacher-student term)
     steps: int | None = None  # default: epochs x batches per epoch
-    epochs: int = 10
+    epochs: int = 20  # at most; training stops earlier when the validation recall stops improving
+    patience: int = 6  # epochs without a better validation recall before stopping
+    validation_share: float = 0.1  # users held out of training to choose the stopping epoch
+    train_cutoff: dt.datetime | None = (
+        None  # naive UTC; None: the last next_period_share of the window after it
+    )
+    next_period_share: float = 0.2
+    negatives: int = 256  # uniform corpus negatives per step
+    positive_weights: tuple[tuple[str, float], ...] = tuple(POSITIVE_WEIGHTS.items())  # stage -> weight
     batch_size: int = TrainConfig.batch_size
     lr: float = TrainConfig.lr
     seed: int = 0
@@ -131,6 +144,12 @@ class TrainJobConfig:
             "use_distillation",
             "steps",
             "epochs",
+            "patience",
+            "validation_share",
+            "train_cutoff",
+            "next_period_share",
+            "negatives",
+            "positive_weights",
             "batch_size",
             "lr",
             "seed",
@@ -143,7 +162,8 @@ class TrainJobConfig:
             "codes_per_level",
         )
         values = asdict(self)
-        return {k: str(values[k]) if k == "ds" else values[k] for k in keep}
+        dated = ("ds", "train_cutoff")
+        return {k: str(values[k]) if k in dated and values[k] is not None else values[k] for k in keep}
 
 
 # -- flags ---------------------------------------------------------------------------------------------------
@@ -212,18 +232,56 @@ def build_parser() -> JobArgumentParser:
     length.add_argument(
         "--epochs",
         type=_positive,
-        default=10,
-        help="Passes over the day (every conversion pair and every entity once per pass). Default 10: the model "
-        "is retrained daily from scratch, and the planted-interest test recovers its clusters in ~20 passes of "
-        "600 users; real days have far more rows per pass.",
+        default=20,
+        help="At most this many passes over the next-period pairs (default 20). Training stops earlier, after "
+        "--patience epochs without a better validation recall, and serves the best epoch's network.",
     )
-    length.add_argument("--steps", type=_positive, help="Optimisation steps instead of --epochs.")
+    length.add_argument("--steps", type=_positive, help="At most this many steps instead of --epochs.")
+    g.add_argument(
+        "--patience",
+        type=_positive,
+        default=6,
+        help="Epochs without a better validation recall@50 before training stops (default 6: the validation "
+        "users are few on small days and their recall is noisy from epoch to epoch).",
+    )
+    g.add_argument(
+        "--validation-share",
+        type=float,
+        default=0.1,
+        help="Share of the users with next-period engagements held out to choose the stopping epoch (default "
+        "0.1; 0 trains every epoch and every user). Chosen on the day's own data, never on an evaluation's targets.",
+    )
+    g.add_argument(
+        "--train-cutoff",
+        default="auto",
+        help="Instant inside the day's window that splits input events (before) from the positives to predict "
+        "(at or after), ISO with a zone. Default auto: the last --next-period-share of the window's events.",
+    )
+    g.add_argument(
+        "--next-period-share",
+        type=float,
+        default=0.2,
+        help="With --train-cutoff auto: share of the window's funnel events after the cut-off (default 0.2).",
+    )
+    g.add_argument(
+        "--negatives",
+        type=_non_negative,
+        default=256,
+        help="Items drawn uniformly from the whole corpus per step, beside the in-batch negatives, each with "
+        "its logQ correction (default 256; PinnerFormer's mixed negatives).",
+    )
+    g.add_argument(
+        "--positive-weights",
+        default=",".join(f"{k}={v:g}" for k, v in POSITIVE_WEIGHTS.items()),
+        help="Loss weight of a next-period engagement by its deepest stage (default view=0.2, favourite=1, cart=3, "
+        "purchase=5: the representation is judged on carts and purchases, and views outnumber them ten to one).",
+    )
     g.add_argument(
         "--batch-size",
         type=_positive,
         default=TrainConfig.batch_size,
-        help=f"Rows per step (default {TrainConfig.batch_size}, TrainConfig's): the retrieval softmax takes its "
-        "negatives from the other conversion pairs of the batch, so bigger is better while memory allows.",
+        help=f"Next-period pairs per step (default {TrainConfig.batch_size}): the other pairs' items are in-batch "
+        "negatives, so bigger is better while memory allows.",
     )
     g.add_argument(
         "--lr",
@@ -342,6 +400,13 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         raise HirError("--prototypes must be >= 2")
     if args.codes_per_level is not None and args.codes_per_level < 2:
         raise HirError("--codes-per-level must be >= 2")
+    if not 0.0 <= args.validation_share < 1.0:
+        raise HirError("--validation-share must be in [0, 1)")
+    if not 0.0 < args.next_period_share < 1.0:
+        raise HirError("--next-period-share must be in (0, 1)")
+    if args.batch_size < 2:
+        raise HirError("--batch-size must be 2 or more (the other pairs are the in-batch negatives)")
+    train_cutoff = parse_cutoff(args.train_cutoff)
     if args.version is not None and (not args.version or "/" in args.version or args.version.startswith(".")):
         raise HirError(f"--version '{args.version}' must be a plain folder name")
     return TrainJobConfig(
@@ -357,6 +422,12 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         use_distillation=not args.no_distillation,
         steps=args.steps,
         epochs=args.epochs,
+        patience=args.patience,
+        validation_share=args.validation_share,
+        train_cutoff=train_cutoff,
+        next_period_share=args.next_period_share,
+        negatives=args.negatives,
+        positive_weights=tuple(parse_stage_weights(args.positive_weights).items()),
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
@@ -409,8 +480,7 @@ class TrainingInputs:
     neighbourhoods: TableSnapshot
     edges: dict[str, Any]  # path, version, ds, positives, positives_last_time
     content: TableSnapshot | None
-    positive_users: np.ndarray  # (P,) int64 node ids: the day's distinct (user, item) cart/purchase edges
-    positive_items: np.ndarray
+    next_period: NextPeriod  # input rows before the training cut-off, positives after it
     category_items: np.ndarray  # (C,) items with a category edge, and their heaviest category
     category_ids: np.ndarray
 
@@ -473,10 +543,10 @@ def check_no_deletion_vectors(
             )
 
 
-def positives_and_categories(
+def categories_of_items(
     spark, warehouse: str, version: int | None, ds: dt.date
-) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The day's cart/purchase user->item edges (distinct pairs) and each item's heaviest category.
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """Each item's heaviest category (the labels of the purity metric), from the day's edges.
 
     Refuses a graph whose deep-funnel edges have events after the training day: those belong to the
     evaluation period, and training on them would leak the answers.
@@ -527,13 +597,7 @@ def positives_and_categories(
         "items_with_category": len(categories),
     }
     as_ids = lambda series: series.to_numpy(dtype=np.int64)  # noqa: E731
-    return (
-        lineage,
-        as_ids(positives["src"]),
-        as_ids(positives["dst"]),
-        as_ids(categories["src"]),
-        as_ids(categories["category"]),
-    )
+    return lineage, as_ids(categories["src"]), as_ids(categories["category"])
 
 
 def resolve_inputs(spark, cfg: TrainJobConfig) -> TrainingInputs:
@@ -547,15 +611,34 @@ def resolve_inputs(spark, cfg: TrainJobConfig) -> TrainingInputs:
             f"neighbourhoods version {neighbourhoods.version} has no rows for ds {cfg.ds}: run "
             "sample_neighbourhoods for the day"
         )
-    edges, users, items, cat_items, cat_ids = positives_and_categories(
-        spark, cfg.warehouse, cfg.edges_version, cfg.ds
+    edges, cat_items, cat_ids = categories_of_items(spark, cfg.warehouse, cfg.edges_version, cfg.ds)
+    period = next_period(
+        spark,
+        cfg.warehouse,
+        cfg.ds,
+        cfg.train_cutoff,
+        cfg.next_period_share,
+        dict(cfg.positive_weights),
+        SampleConfig(ds=cfg.ds),
+        neighbourhoods_max_tokens(neighbourhoods),
     )
     content = None
     if cfg.use_content and (
         cfg.content_version is not None or table_exists(spark, ENTITY_CONTENT, cfg.warehouse)
     ):
         content = table_snapshot(spark, ENTITY_CONTENT, cfg.warehouse, cfg.content_version, None)
-    return TrainingInputs(neighbourhoods, edges, content, users, items, cat_items, cat_ids)
+    return TrainingInputs(neighbourhoods, edges, content, period, cat_items, cat_ids)
+
+
+def neighbourhoods_max_tokens(snapshot: TableSnapshot) -> int:
+    """Row length of the day's neighbourhoods (the input rows are cut to the same), from one file's first row."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    fs, path = pafs.FileSystem.from_uri(file_url(snapshot.files[0]))
+    with fs.open_input_file(path) as handle:
+        first = pq.ParquetFile(handle).read_row_group(0, columns=["token_node_id"]).slice(0, 1)
+    return len(first.column(0)[0])
 
 
 # -- training (no Spark) -------------------------------------------------------------------------------------
@@ -640,10 +723,19 @@ class Progress:
         done = step - self.start
         rate = done / max(time.perf_counter() - self.started, 1e-9)
         eta = (self.total - step) / rate if rate > 0 else 0.0
+        distill = (
+            f"distill {metrics['distill']:.3f} (ln K {metrics['ln_k']:.2f}) usage {metrics['usage']:.2f} "
+            if "ln_k" in metrics
+            else ""
+        )
+        validated = (
+            f"| validation recall@50 {metrics['validation_recall_at_50']:.3f} "
+            if "validation_recall_at_50" in metrics
+            else ""
+        )
         line = (
             f"[{self.label}] step {step}/{self.total} {100 * step / self.total:3.0f}% | loss {metrics['loss']:.3f} "
-            f"distill {metrics['distill']:.3f} (ln K {metrics['ln_k']:.2f}) retrieval {metrics['retrieval']:.3f} "
-            f"| usage {metrics['usage']:.2f} | {rate:.2f} step/s eta {eta:.0f}s"
+            f"{distill}retrieval {metrics['retrieval']:.3f} {validated}| {rate:.2f} step/s eta {eta:.0f}s"
         )
         if self.live:
             end = "\n" if step == self.total else ""
@@ -670,12 +762,12 @@ def collapse_verdict(history: list[dict[str, Any]]) -> tuple[bool, str]:
 
 @torch.no_grad()
 def embed_day(trainer: Trainer, rows: NeighbourhoodRows, content) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher embeddings (N, dim) of every row, and each row's winning prototype (centred, as in training)."""
+    """Served embeddings (N, dim) of every row, and each row's winning prototype (centred, as in training)."""
     embeddings, prototypes = [], []
-    trainer.teacher_head.eval()
+    trainer.student_head.eval()
     for batch in row_batches(rows, _EMBED_BATCH, content):
         embedding = trainer.embed(batch)
-        logits = trainer.teacher_head(embedding) - trainer.center
+        logits = trainer.student_head(embedding) - trainer.center
         embeddings.append(embedding.float().cpu())
         prototypes.append(logits.argmax(dim=-1).cpu())
     return torch.cat(embeddings), torch.cat(prototypes)
@@ -808,9 +900,33 @@ def start_or_resume(
     return Trainer(model_config, TrainConfig.from_dict(run_key["train"]), device=device), None
 
 
-def fit_logged(trainer: Trainer, loader: TrainingBatches, run_dir: Path, progress: Progress) -> None:
-    """Train to the end, appending every step to the run's live metrics.jsonl (tail -f) and the progress line,
-    keeping only the latest checkpoint."""
+@dataclass(frozen=True)
+class EpochSelection:
+    """Validate at each epoch's end; stop after `patience` epochs without a better validation recall."""
+
+    validation: Validation | None
+    content: Any
+    steps_per_epoch: int
+    patience: int
+
+    def after_step(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.validation is None or trainer.step % self.steps_per_epoch:
+            return
+        recall = self.validation.recall(trainer.embed, self.content)
+        metrics["validation_recall_at_50"] = recall
+        metrics["validation_best"] = trainer.record_validation(recall)
+
+    def should_stop(self, trainer: Trainer) -> bool:
+        if self.validation is None or trainer.best is None:
+            return False
+        return trainer.step - trainer.best["step"] >= self.patience * self.steps_per_epoch
+
+
+def fit_logged(
+    trainer: Trainer, loader: PairBatches, run_dir: Path, progress: Progress, selection: EpochSelection
+) -> None:
+    """Train until the loader ends or the selection stops it, appending every step to the run's live
+    metrics.jsonl (tail -f) and the progress line, keeping only the latest checkpoint."""
     checkpoints = run_dir / "checkpoints"
     with open(run_dir / "metrics.jsonl", "w") as live:
         for row in trainer.history:  # a resumed run's log starts with the steps it keeps
@@ -818,6 +934,7 @@ def fit_logged(trainer: Trainer, loader: TrainingBatches, run_dir: Path, progres
         live.flush()
 
         def on_metrics(metrics: dict[str, Any]) -> None:
+            selection.after_step(trainer, metrics)
             live.write(json.dumps(metrics, sort_keys=True) + "\n")
             live.flush()
             progress.update(metrics)
@@ -825,7 +942,12 @@ def fit_logged(trainer: Trainer, loader: TrainingBatches, run_dir: Path, progres
             for old in sorted(checkpoints.glob("step-*"))[:-1]:
                 shutil.rmtree(old, ignore_errors=True)
 
-        trainer.fit(loader, on_metrics=on_metrics, checkpoint_root=checkpoints)
+        trainer.fit(
+            loader,
+            on_metrics=on_metrics,
+            checkpoint_root=checkpoints,
+            stop=lambda: selection.should_stop(trainer),
+        )
 
 
 def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
@@ -855,9 +977,19 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         )
     if len(rows) < 2:
         raise HirError(f"neighbourhoods for ds {cfg.ds} has {len(rows)} row; training needs at least 2")
-    pairs = make_pairs(rows, inputs.positive_users, inputs.positive_items)
+    period = inputs.next_period
+    pairs = make_next_period_pairs(period.inputs, rows, period.user_ids, period.item_ids, period.weights)
+    if len(pairs) < 2:
+        raise HirError(
+            f"only {len(pairs)} next-period engagements after the training cut-off {period.lineage['cutoff']} have "
+            "a user with earlier history and an item of the day; move --train-cutoff earlier"
+        )
+    train_pairs, validation_pairs = pairs.split_users(cfg.validation_share, cfg.seed)
+    validation = Validation(period.inputs, rows, validation_pairs) if len(validation_pairs) else None
     # The pair layout (and so batches per epoch) does not depend on the step count, only on rows and pairs.
-    layout = TrainingBatches(rows, pairs, cfg.batch_size, steps=0, seed=cfg.seed)
+    layout = PairBatches(
+        period.inputs, rows, train_pairs, cfg.batch_size, cfg.negatives, steps=0, seed=cfg.seed
+    )
     steps = cfg.steps or cfg.epochs * layout.batches_per_epoch
     model_config, train_config = build_configs(cfg, rows, content.content_dim if content else 0, steps)
 
@@ -869,13 +1001,23 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "train": train_config.to_dict(),
     }
     trainer, resumed_from = start_or_resume(cfg.resume, version, run_dir, run_key, device)
-    loader = TrainingBatches(
-        rows, pairs, cfg.batch_size, steps, cfg.seed, content=content, start_step=trainer.step
+    loader = PairBatches(
+        period.inputs,
+        rows,
+        train_pairs,
+        cfg.batch_size,
+        cfg.negatives,
+        steps,
+        cfg.seed,
+        content=content,
+        start_step=trainer.step,
     )
-    fit_logged(trainer, loader, run_dir, Progress(version, steps, trainer.step, cfg.progress))
+    selection = EpochSelection(validation, content, layout.batches_per_epoch, cfg.patience)
+    fit_logged(trainer, loader, run_dir, Progress(version, steps, trainer.step, cfg.progress), selection)
+    trainer.restore_best()
 
     embeddings, winners = embed_day(trainer, rows, content)
-    collapsed, detail = collapse_verdict(trainer.history)
+    collapsed, detail = collapse_verdict(trainer.history) if cfg.use_distillation else (False, "")
     day_usage = winners.unique().numel() / model_config.num_prototypes
     day_std = float(embeddings.std(dim=0).mean()) if len(embeddings) > 1 else 0.0
     if len(embeddings) > 1 and winners.unique().numel() == 1:
@@ -896,9 +1038,17 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "epochs": round(trainer.step / layout.batches_per_epoch, 3),
         "rows": len(rows),
         "rows_by_type": {t: int((rows.node_type == t).sum()) for t in sorted(set(rows.node_type.tolist()))},
-        "pairs": len(pairs),
+        "pairs": len(train_pairs),
+        "validation_pairs": len(validation_pairs),
+        "validation_users": int(len(np.unique(validation_pairs.user_id))),
         "pairs_missing_rows": pairs.missing,
-        "distill_only_rows": len(layout.unpaired),
+        "pairs_by_weight": {
+            str(w): int(n) for w, n in zip(*np.unique(pairs.weight, return_counts=True), strict=True)
+        },
+        "next_period": period.lineage,
+        "best_validation": (
+            {"recall_at_50": trainer.best["metric"], "step": trainer.best["step"]} if trainer.best else None
+        ),
         "final_loss": sum(m["loss"] for m in window) / len(window),
         "final_distill": sum(m["distill"] for m in window) / len(window),
         "final_retrieval": sum(m["retrieval"] for m in window) / len(window),
@@ -916,6 +1066,7 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "inputs": {
             "neighbourhoods": inputs.neighbourhoods.lineage(),
             "edges": inputs.edges,
+            "next_period": period.lineage,
             "entity_content": inputs.content.lineage() if inputs.content else None,
         },
         "code_version": code,

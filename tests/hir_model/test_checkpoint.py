@@ -57,7 +57,7 @@ def test_model_dir_round_trips_with_weights_only(tmp_path: Path, tiny_config: Mo
     assert json.loads((model_dir / "lineage.json").read_text()) == {"neighbourhoods": 3}
     assert [m["step"] for m in read_metrics(model_dir)] == [1, 2]
     loaded = load_model(model_dir)
-    torch.testing.assert_close(loaded.encoder(data.users), embeddings)  # serving encoder = the teacher
+    torch.testing.assert_close(loaded.encoder(data.users), embeddings)  # serving encoder = the student
     assert loaded.version == "v1" and loaded.config == tiny_config
     assert torch.equal(loaded.quantiser.encode(embeddings), quantiser.encode(embeddings))
 

@@ -12,23 +12,20 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hir_model.config import TrainConfig
 from hir_model.data import (
     CONTENT_COLUMNS,
     NEIGHBOURHOOD_COLUMNS,
     NeighbourhoodRows,
     PetastormReader,
     PyarrowReader,
-    TrainingBatches,
     file_url,
-    make_pairs,
     parquet_row_counts,
     read_content,
     read_neighbourhoods,
     row_batches,
 )
+from hir_model.pairs import PairBatches, make_next_period_pairs
 from hir_model.synthetic import make_synthetic
-from hir_model.trainer import Trainer
 
 _ARROW_TYPES = {
     "node_id": pa.int64(),
@@ -90,16 +87,20 @@ def write_day(table: pa.Table, folder: Path, parts: int, seed: int, row_group_si
     return files
 
 
-def pairs_of(data, rows: NeighbourhoodRows):
+def loader(data, rows: NeighbourhoodRows, steps: int, seed: int) -> PairBatches:
+    """The synthetic users' conversions as pairs over the rows read back (inputs and served alike)."""
     users = np.repeat(data.users.node_id[:, 0].numpy(), data.user_conversions.shape[1])
     items = data.items.node_id[data.user_conversions.reshape(-1), 0].numpy()
-    return make_pairs(rows, users, items)
+    pairs = make_next_period_pairs(rows, rows, users, items, np.ones(len(users)))
+    return PairBatches(rows, rows, pairs, batch_size=16, negatives=8, steps=steps, seed=seed)
 
 
 def assert_batches_equal(left, right) -> None:
     assert len(left) == len(right)
     for a, b in zip(left, right, strict=True):
-        for part_a, part_b in zip(a, b, strict=True):
+        for part_a, part_b in zip(
+            *([getattr(x, f.name) for f in dataclasses.fields(x)] for x in (a, b)), strict=True
+        ):
             if isinstance(part_a, torch.Tensor):
                 assert torch.equal(part_a, part_b)
             else:
@@ -121,9 +122,8 @@ def test_petastorm_and_pyarrow_read_the_same_rows_and_give_the_same_batches(tmp_
     batches = {}
     for reader in (PetastormReader(), PyarrowReader()):
         rows = read_neighbourhoods(reader, urls)
-        pairs = pairs_of(data, rows)
-        # 3 epochs of 5 batches: crosses epoch boundaries, where the shuffle is redrawn.
-        batches[reader.name] = list(TrainingBatches(rows, pairs, batch_size=16, steps=15, seed=7))
+        # 3 epochs: crosses epoch boundaries, where the shuffle is redrawn.
+        batches[reader.name] = list(loader(data, rows, steps=15, seed=7))
     assert_batches_equal(batches["petastorm"], batches["pyarrow"])
 
 
@@ -134,46 +134,11 @@ def test_batches_do_not_depend_on_file_order_or_split_but_on_the_seed(tmp_path: 
     np.testing.assert_array_equal(first.node_id, np.sort(first.node_id))  # canonical order: by node id
 
     def run(rows, seed):
-        return list(TrainingBatches(rows, pairs_of(data, rows), batch_size=16, steps=6, seed=seed))
+        return list(loader(data, rows, steps=6, seed=seed))
 
     assert_batches_equal(run(first, 7), run(second, 7))
     other_seed = run(first, 8)
-    assert not torch.equal(other_seed[0][0].node_id, run(first, 7)[0][0].node_id)
-
-
-def test_an_epoch_trains_every_pair_once_and_every_other_row_by_distillation(tmp_path: Path, data) -> None:
-    rows = read_neighbourhoods(PyarrowReader(), write_day(day_table(data), tmp_path / "d", parts=2, seed=0))
-    pairs = pairs_of(data, rows)
-    loader = TrainingBatches(rows, pairs, batch_size=8, steps=0, seed=0)
-    loader.steps = loader.batches_per_epoch  # exactly one epoch
-    seen_pairs, seen_rows = [], set()
-    for users, items, log_pop, is_pair in loader:
-        user_rows = rows.index_of(users.node_id[:, 0].numpy())
-        item_rows = rows.index_of(items.node_id[:, 0].numpy())
-        seen_rows.update(user_rows.tolist() + item_rows.tolist())
-        mask = is_pair.numpy()
-        seen_pairs += list(zip(user_rows[mask].tolist(), item_rows[mask].tolist(), strict=True))
-        assert (log_pop.numpy()[~mask] == 0).all() and (log_pop.numpy()[mask] < 0).all()
-    assert sorted(seen_pairs) == sorted(zip(pairs.user_row.tolist(), pairs.item_row.tolist(), strict=True))
-    assert seen_rows == set(range(len(rows)))
-
-
-def test_make_pairs_dedupes_drops_missing_rows_and_computes_log_share(tmp_path: Path, data) -> None:
-    rows = read_neighbourhoods(PyarrowReader(), write_day(day_table(data), tmp_path / "p", parts=1, seed=0))
-    u1, u2 = data.users.node_id[:2, 0].tolist()
-    i1, i2 = data.items.node_id[:2, 0].tolist()
-    pairs = make_pairs(rows, np.array([u1, u1, u2, u2, 999]), np.array([i1, i1, i1, i2, i1]))
-    assert pairs.missing == 1  # user 999 has no neighbourhood row
-    assert len(pairs) == 3  # (u1, i1) twice counts once
-    np.testing.assert_allclose(np.exp(pairs.item_log_pop), [2 / 3, 2 / 3, 1 / 3], rtol=1e-6)
-
-
-def test_resuming_at_a_step_gives_the_same_remaining_batches(tmp_path: Path, data) -> None:
-    rows = read_neighbourhoods(PyarrowReader(), write_day(day_table(data), tmp_path / "r", parts=2, seed=0))
-    pairs = pairs_of(data, rows)
-    full = list(TrainingBatches(rows, pairs, batch_size=16, steps=9, seed=3))
-    tail = list(TrainingBatches(rows, pairs, batch_size=16, steps=9, seed=3, start_step=4))
-    assert_batches_equal(full[4:], tail)
+    assert not torch.equal(other_seed[0].users.node_id, run(first, 7)[0].users.node_id)
 
 
 def test_two_rows_for_one_target_are_refused(tmp_path: Path, data) -> None:
@@ -210,40 +175,3 @@ def test_readers_on_no_files_and_row_counts(tmp_path: Path, data) -> None:
     files = write_day(day_table(data), tmp_path / "c", parts=3, seed=0)
     assert parquet_row_counts(files) == [20, 20, 20]
     assert file_url("file:/a/b.parquet") == file_url("/a/b.parquet") == "file:///a/b.parquet"
-
-
-def test_trainer_trains_retrieval_only_on_pair_rows(tiny_config, data) -> None:
-    config = dataclasses.replace(tiny_config, content_dim=0)
-    train = TrainConfig(steps=4, batch_size=8, warmup_steps=1, seed=0)
-    users, items = data.users.select(range(8)), data.items.select(range(8))
-    log_pop = torch.full((8,), -2.0)
-
-    def step(*is_pair):
-        return Trainer(config, train, device="cpu").train_step(users, items, log_pop, *is_pair)
-
-    every_row, marked_all = step(), step(torch.ones(8, dtype=torch.bool))
-    assert every_row == marked_all  # no mask = every row is a pair (the loader-of-3 behaviour)
-    none = step(torch.zeros(8, dtype=torch.bool))
-    assert none["retrieval"] == 0.0 and none["pairs"] == 0 and np.isfinite(none["loss"])
-    assert none["distill"] == every_row["distill"]  # distillation still sees every row
-
-
-def test_rows_outside_the_pair_mask_do_not_reach_the_retrieval_loss(tiny_config, data) -> None:
-    config = dataclasses.replace(
-        tiny_config, content_dim=0
-    )  # tiny_config has no dropout: rows are independent
-    train = TrainConfig(steps=4, batch_size=8, warmup_steps=1, seed=0)
-    users = data.users.select(range(8))
-    items, log_pop = data.items.select(range(8)), torch.full((8,), -2.0)
-    # Rows 4-7 get other items and popularities: the retrieval term must not notice when they are not pairs.
-    swapped = data.items.select([0, 1, 2, 3, 12, 13, 14, 15])
-    swapped_log_pop = torch.tensor([-2.0] * 4 + [-9.0] * 4)
-    first_half = torch.tensor([True] * 4 + [False] * 4)
-
-    def retrieval(pos_items, pop, *is_pair):
-        return Trainer(config, train, device="cpu").train_step(users, pos_items, pop, *is_pair)["retrieval"]
-
-    assert retrieval(items, log_pop, first_half) == retrieval(swapped, swapped_log_pop, first_half)
-    assert retrieval(items, log_pop) != retrieval(
-        swapped, swapped_log_pop
-    )  # the swap matters to unmasked rows

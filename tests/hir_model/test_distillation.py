@@ -12,7 +12,6 @@ from hir_model.distillation import (
     cosine_schedule,
     distillation_loss,
     ema_update,
-    retrieval_loss,
     teacher_temp_schedule,
     update_center,
 )
@@ -94,33 +93,3 @@ def test_collapse_report_flags_uniform_and_single_prototype_collapse() -> None:
     uniform_loss = math.log(k) * 1.01
     assert collapse_report(spread, loss=uniform_loss, num_prototypes=k)["collapsed"]
     assert not collapse_report(spread, loss=uniform_loss, num_prototypes=k, warmed_up=False)["collapsed"]
-
-
-def test_retrieval_loss_is_in_batch_softmax_with_logq() -> None:
-    torch.manual_seed(0)
-    users, items = F.normalize(torch.randn(4, 8), dim=-1), F.normalize(torch.randn(4, 8), dim=-1)
-    log_pop = torch.log(torch.tensor([0.5, 0.2, 0.2, 0.1]))
-    expected = F.cross_entropy(users @ items.T / 0.1 - log_pop[None, :], torch.arange(4))
-    torch.testing.assert_close(retrieval_loss(users, items, log_pop, 0.1), expected)
-    # A constant offset in log popularity (counts instead of shares) changes nothing.
-    torch.testing.assert_close(retrieval_loss(users, items, log_pop + 3.0, 0.1), expected)
-
-
-def test_logq_stops_rewarding_popular_negatives() -> None:
-    users = F.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), dim=-1)
-    items = users.clone()
-    uniform = retrieval_loss(users[:1], items, torch.zeros(2), 1.0)
-    # Item 1 is very popular: as row 0's negative it is discounted, so row 0's loss drops.
-    skewed = retrieval_loss(users[:1], items, torch.tensor([0.0, 5.0]), 1.0)
-    assert skewed < uniform - 0.1
-
-
-def test_duplicate_positives_are_not_counted_as_negatives() -> None:
-    users = F.normalize(torch.randn(3, 4), dim=-1)
-    items = torch.stack([users[0], users[0], F.normalize(torch.randn(4), dim=0)])  # rows 0, 1 share an item
-    item_ids = torch.tensor([7, 7, 9])
-    masked = retrieval_loss(users, items, torch.zeros(3), 0.1, item_ids=item_ids)
-    logits = users @ items.T / 0.1
-    logits[0, 1] = logits[1, 0] = float("-inf")
-    torch.testing.assert_close(masked, F.cross_entropy(logits, torch.arange(3)))
-    assert masked < retrieval_loss(users, items, torch.zeros(3), 0.1)

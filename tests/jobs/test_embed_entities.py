@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from hir_model.batch import batch_from_columns
 from hir_model.checkpoint import load_model
 from hir_model.config import ModelConfig, TrainConfig
+from hir_model.pairs import RetrievalBatch
 from hir_model.quantiser import ResidualQuantiser
 from hir_model.trainer import Trainer
 from jobs.common.delta import read_table, write_table
@@ -104,7 +105,18 @@ def day(spark, tmp_path_factory):
     trainer = Trainer(cfg, TrainConfig(batch_size=8, seed=1), device="cpu")
     pdf = frame.toPandas()
     batch = batch_from_columns({c: pdf[c].to_numpy() for c in TOKEN_COLUMNS})
-    trainer.train_step(batch.select(torch.arange(8)), batch.select(torch.arange(8, 16)), torch.zeros(8))
+    trainer.train_step(  # one step, so the weights are not the initial ones
+        RetrievalBatch(
+            users=batch.select(torch.arange(8)),
+            items=batch.select(torch.arange(8, 16)),
+            negatives=batch.select(torch.arange(16, 20)),
+            positive_log_q=torch.zeros(8),
+            negative_log_q=torch.zeros(4),
+            in_batch_mask=torch.zeros(8, 8, dtype=torch.bool),
+            negative_mask=torch.zeros(8, 4, dtype=torch.bool),
+            weights=torch.ones(8),
+        )
+    )
     quantiser = ResidualQuantiser(levels=LEVELS, codes_per_level=CODES, seed=0).fit(trainer.embed(batch))
     model_dir = trainer.save(warehouse / "models" / "v1", quantiser=quantiser)
     report = embed(spark, EmbedConfig(ds=DS, warehouse=str(warehouse), top_n=TOP_N, batch_size=16))

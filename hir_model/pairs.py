@@ -1,0 +1,221 @@
+"""Next-period training pairs and their batches: what the retrieval objective (hir_model.objective) reads.
+
+A pair is (user, item, weight): the user engaged with the item after the training cut-off, at the deepest funnel
+stage `weight` stands for. The two ends come from two sets of neighbourhood rows:
+
+* the user from the **input rows**: neighbourhoods sampled from events before the cut-off only, so the model
+  learns to predict what comes next from what came before (a repeat item is in them when the user engaged
+  with it before the cut-off as well);
+* the item from the **served rows**: the day's neighbourhoods, the ones `embed` serves; the pair's own user is
+  masked out of the item's row (with its hop-2 tokens), the link-prediction rule: the edge to predict is not
+  an input.
+
+A batch holds B pairs and M items drawn uniformly from the corpus (every served item row), with the logQ of each
+candidate and the masks of each row's own positives. Batch k of a run is a pure function of (rows, pairs, seed,
+k): reruns and `--resume` give the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hir_model.batch import ContentTable, TokenBatch, drop_with_descendants, mask_tokens
+from hir_model.data import NeighbourhoodRows
+from schemas.codes import NODE_TYPES
+
+
+@dataclass(frozen=True)
+class NextPeriodPairs:
+    """Distinct (user, item) pairs sorted by (user id, item id), with the rows of both ends and a weight."""
+
+    user_id: np.ndarray  # (P,) int64
+    item_id: np.ndarray  # (P,) int64
+    weight: np.ndarray  # (P,) float32, > 0
+    user_row: np.ndarray  # (P,) rows of the input rows
+    item_row: np.ndarray  # (P,) rows of the served rows
+    missing: int = 0  # engagements dropped because the user has no input row or the item no served row
+
+    def __len__(self) -> int:
+        return len(self.user_id)
+
+    def take(self, keep: np.ndarray) -> NextPeriodPairs:
+        return NextPeriodPairs(
+            self.user_id[keep],
+            self.item_id[keep],
+            self.weight[keep],
+            self.user_row[keep],
+            self.item_row[keep],
+            self.missing,
+        )
+
+    def split_users(self, share: float, seed: int) -> tuple[NextPeriodPairs, NextPeriodPairs]:
+        """(training, validation): a seeded `share` of the users, with all their pairs, held out; user-disjoint."""
+        users = np.unique(self.user_id)
+        held = max(1, round(share * len(users))) if share > 0 and len(users) >= 10 else 0
+        chosen = np.random.default_rng([seed, 7]).permutation(users)[:held]
+        validation = np.isin(self.user_id, chosen)
+        return self.take(~validation), self.take(validation)
+
+
+def make_next_period_pairs(
+    inputs: NeighbourhoodRows,
+    served: NeighbourhoodRows,
+    user_ids: np.ndarray,
+    item_ids: np.ndarray,
+    weights: np.ndarray,
+) -> NextPeriodPairs:
+    """Pairs whose user has an input row with at least one neighbour and whose item has a served row; a pair
+    given several times (one per stage) keeps its largest weight."""
+    user_ids = np.asarray(user_ids, dtype=np.int64)
+    item_ids = np.asarray(item_ids, dtype=np.int64)
+    weights = np.asarray(weights, dtype=np.float32)
+    if len(user_ids):
+        order = np.lexsort((-weights, item_ids, user_ids))  # by user, item, heaviest first
+        user_ids, item_ids, weights = user_ids[order], item_ids[order], weights[order]
+        first = np.ones(len(user_ids), dtype=bool)
+        first[1:] = (user_ids[1:] != user_ids[:-1]) | (item_ids[1:] != item_ids[:-1])
+        user_ids, item_ids, weights = user_ids[first], item_ids[first], weights[first]
+    user_row, item_row = inputs.index_of(user_ids), served.index_of(item_ids)
+    with_history = np.zeros(len(user_row), dtype=bool)
+    found = user_row >= 0
+    with_history[found] = inputs.columns["num_tokens"][user_row[found]] > 1
+    keep = with_history & (item_row >= 0) & (weights > 0)
+    return NextPeriodPairs(
+        user_ids[keep],
+        item_ids[keep],
+        weights[keep],
+        user_row[keep],
+        item_row[keep],
+        missing=int((~keep).sum()),
+    )
+
+
+def mask_node(batch: TokenBatch, node_ids: Tensor, node_type: str) -> TokenBatch:
+    """Drop row i's tokens of node `node_ids[i]` (of `node_type`), with their descendants; the target stays."""
+    hit = (batch.node_id == node_ids[:, None]) & (batch.node_type == NODE_TYPES[node_type]) & (batch.hop > 0)
+    return mask_tokens(batch, drop_with_descendants(batch, hit) & (batch.hop > 0))
+
+
+@dataclass(frozen=True)
+class RetrievalBatch:
+    """One step's inputs: B users, their B positive items, M uniform negatives, and the loss's side tensors."""
+
+    users: TokenBatch  # (B, L) input rows
+    items: TokenBatch  # (B, L) served rows of the positives, the pair's user masked out
+    negatives: TokenBatch  # (M, L) served rows drawn uniformly from the corpus
+    positive_log_q: Tensor  # (B,) log expected count of each in-batch column among the candidates
+    negative_log_q: Tensor  # (M,)
+    in_batch_mask: Tensor  # (B, B) column j is one of row i's own positives
+    negative_mask: Tensor  # (B, M)
+    weights: Tensor  # (B,) stage weights
+
+    def to(self, device: torch.device | str) -> RetrievalBatch:
+        return RetrievalBatch(
+            self.users.to(device),
+            self.items.to(device),
+            self.negatives.to(device),
+            *(
+                t.to(device)
+                for t in (
+                    self.positive_log_q,
+                    self.negative_log_q,
+                    self.in_batch_mask,
+                    self.negative_mask,
+                    self.weights,
+                )
+            ),
+        )
+
+
+class PairBatches:
+    """The trainer's loader: RetrievalBatch for steps [start_step, steps).
+
+    An epoch is a seeded shuffle of the pairs cut into balanced batches of at most `batch_size`; each step draws
+    its `negatives` corpus items uniformly without replacement, seeded by the step.
+    """
+
+    def __init__(
+        self,
+        inputs: NeighbourhoodRows,
+        served: NeighbourhoodRows,
+        pairs: NextPeriodPairs,
+        batch_size: int,
+        negatives: int,
+        steps: int,
+        seed: int,
+        content: ContentTable | None = None,
+        start_step: int = 0,
+    ) -> None:
+        if batch_size < 2 or negatives < 0 or steps < 0:
+            raise ValueError("batch_size must be >= 2, negatives >= 0 and steps >= 0")
+        if len(pairs) < 2:
+            raise ValueError(f"need at least 2 next-period pairs to train, got {len(pairs)}")
+        self.inputs, self.served, self.pairs, self.content = inputs, served, pairs, content
+        self.batch_size, self.steps, self.seed, self.start_step = batch_size, steps, seed, start_step
+        self.corpus = np.flatnonzero(served.node_type == "item")
+        self.negatives = min(negatives, len(self.corpus))
+        # Dense codes of users and items make each (user, item) pair one exact int64 key.
+        self.user_codes, user_index = np.unique(pairs.user_id, return_inverse=True)
+        self.item_codes, item_index = np.unique(pairs.item_id, return_inverse=True)
+        self.keys = np.unique(user_index.astype(np.int64) * len(self.item_codes) + item_index)
+        self.pair_user, self.pair_item = user_index, item_index
+        counts = np.bincount(item_index, minlength=len(self.item_codes))
+        self.item_share = (counts / len(pairs)).astype(np.float64)  # in-batch sampling probability per item
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return math.ceil(len(self.pairs) / self.batch_size)
+
+    def _is_positive(self, user_index: np.ndarray, item_ids: np.ndarray) -> np.ndarray:
+        """(B, C) True where item_ids[c] is one of user_index[b]'s pairs."""
+        pos = np.searchsorted(self.item_codes, item_ids).clip(max=len(self.item_codes) - 1)
+        known = self.item_codes[pos] == item_ids
+        keys = user_index[:, None].astype(np.int64) * len(self.item_codes) + pos[None, :]
+        slot = np.searchsorted(self.keys, keys).clip(max=len(self.keys) - 1)
+        return known[None, :] & (self.keys[slot] == keys)
+
+    def batch(self, pair_index: np.ndarray, negative_rows: np.ndarray) -> RetrievalBatch:
+        p = self.pairs
+        users = self.inputs.batch(p.user_row[pair_index], self.content)
+        items = self.served.batch(p.item_row[pair_index], self.content)
+        items = mask_node(items, torch.from_numpy(p.user_id[pair_index]), "user")
+        negatives = self.served.batch(negative_rows, self.content)
+        user_index = self.pair_user[pair_index]
+        in_batch_mask = self._is_positive(user_index, p.item_id[pair_index])
+        negative_mask = self._is_positive(user_index, self.served.node_id[negative_rows])
+        b, m = len(pair_index), len(negative_rows)
+        positive_log_q = np.log(b * self.item_share[self.pair_item[pair_index]])
+        negative_log_q = np.full(m, math.log(max(m, 1) / len(self.corpus)))
+        return RetrievalBatch(
+            users,
+            items,
+            negatives,
+            torch.from_numpy(positive_log_q.astype(np.float32)),
+            torch.from_numpy(negative_log_q.astype(np.float32)),
+            torch.from_numpy(in_batch_mask),
+            torch.from_numpy(negative_mask),
+            torch.from_numpy(p.weight[pair_index].copy()),
+        )
+
+    def __iter__(self) -> Iterator[RetrievalBatch]:
+        per_epoch = self.batches_per_epoch
+        epoch, order = -1, None
+        for step in range(self.start_step, self.steps):
+            if step // per_epoch != epoch:
+                epoch = step // per_epoch
+                order = np.random.default_rng([self.seed, epoch]).permutation(len(self.pairs))
+            index = step % per_epoch
+            start = index * len(self.pairs) // per_epoch
+            end = (index + 1) * len(self.pairs) // per_epoch
+            rng = np.random.default_rng([self.seed, 1, step])
+            negative_rows = np.sort(rng.choice(self.corpus, self.negatives, replace=False))
+            yield self.batch(order[start:end], negative_rows)
+
+    def __len__(self) -> int:
+        return max(self.steps - self.start_step, 0)

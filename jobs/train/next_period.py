@@ -1,0 +1,156 @@
+"""The training job's Spark side of the next-period objective: the cut-off, the input rows, the positives.
+
+Inside the day's window (what the day's graph covers) a training cut-off splits the events in two:
+
+* before it: the **input graph**, built and sampled by the same code as the day's (jobs.build_graph,
+  jobs.sample_neighbourhoods) for users only, as of the cut-off's day;
+* from it to the end of the day: the **positives**, each distinct (user, item) engagement of any funnel stage
+  with the loss weight of its deepest stage (default build_graph's: purchase 5, cart 3, favourite 2, view 1).
+
+The default cut-off leaves the last `share` of the window's funnel events after it, so it works on logs that
+span days (Taobao: a day and a half of positives) and on logs of hours (REES46: cut inside the day). Only events
+up to the day's end are read: nothing after ds reaches training.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from hir_model.data import NEIGHBOURHOOD_COLUMNS, NeighbourhoodRows, arrow_columns
+from jobs.build_graph import GraphConfig, cap_degree, graph_edges, graph_nodes, node_id
+from jobs.common.delta import read_table, table_version
+from jobs.common.errors import HirError
+from jobs.sample_neighbourhoods import SampleConfig, sample_neighbourhoods
+from schemas.codes import FUNNEL_STAGES
+from schemas.tables import ENTITIES, EVENTS
+
+
+@dataclass(frozen=True)
+class NextPeriod:
+    """What the trainer needs from Spark for the next-period objective."""
+
+    cutoff: dt.datetime  # naive UTC instant: input events are before it, positives at or after it
+    inputs: NeighbourhoodRows  # users' rows sampled from the events before the cut-off
+    user_ids: np.ndarray  # (P,) positives, one per (user, item, stage)
+    item_ids: np.ndarray
+    weights: np.ndarray  # (P,) stage weight
+    lineage: dict
+
+
+def parse_cutoff(value: str) -> dt.datetime | None:
+    """`auto` (None) or an ISO instant with a zone, as a naive UTC datetime."""
+    if value == "auto":
+        return None
+    try:
+        instant = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise HirError(f"--train-cutoff: '{value}' is not 'auto' or an ISO date-time") from None
+    if instant.tzinfo is None:
+        raise HirError(f"--train-cutoff: '{value}' needs a time zone, e.g. 2017-12-01T00:00:00+08:00")
+    return instant.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def window_events(spark: SparkSession, warehouse: str, ds: dt.date, lookback_days: int) -> DataFrame:
+    """The funnel events of the day's graph window [ds - lookback, ds]."""
+    events = read_table(spark, EVENTS, warehouse)
+    start = ds - dt.timedelta(days=lookback_days)
+    return events.where(F.col("ds").between(F.lit(start), F.lit(ds))).where(
+        F.col("funnel_stage").isin(list(FUNNEL_STAGES))
+    )
+
+
+def auto_cutoff(events: DataFrame, share: float) -> dt.datetime:
+    """The instant with `share` of the window's funnel events at or after it (approximate quantile, 0.1%)."""
+    seconds = events.select(F.unix_micros(F.col("event_time")).cast("double").alias("t"))
+    quantile = seconds.approxQuantile("t", [1.0 - share], 0.001)
+    if not quantile:
+        raise HirError("no funnel events in the day's window: nothing to train on")
+    return dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(quantile[0]))
+
+
+def stage_weight(stages: Mapping[str, float]):
+    weight = F.lit(None).cast("double")
+    for stage, value in stages.items():
+        weight = F.when(F.col("funnel_stage") == stage, F.lit(float(value))).otherwise(weight)
+    return weight
+
+
+def next_period(
+    spark: SparkSession,
+    warehouse: str,
+    ds: dt.date,
+    cutoff: dt.datetime | None,
+    share: float,
+    positive_weights: Mapping[str, float],
+    sample: SampleConfig,
+    max_tokens: int,
+) -> NextPeriod:
+    """Cut-off, the users' input rows before it and the positives after it (see the module docstring)."""
+    graph = GraphConfig(ds=ds, warehouse=warehouse)
+    events = window_events(spark, warehouse, ds, graph.lookback_days)
+    rule = "given" if cutoff is not None else f"last {share:.0%} of the window's funnel events after it"
+    cutoff = cutoff or auto_cutoff(events, share)
+    instant = F.lit(cutoff).cast("timestamp")
+    before = events.where(F.col("event_time") < instant)
+    after = events.where(F.col("event_time") >= instant)
+    if before.limit(1).count() == 0 or after.limit(1).count() == 0:
+        raise HirError(
+            f"training cut-off {cutoff.isoformat()}Z leaves no events before or after it in the window of {ds}"
+        )
+
+    # The input graph as of the cut-off's day, by the day's own code and settings.
+    input_day = cutoff.date()
+    input_graph = GraphConfig(ds=input_day, warehouse=warehouse)
+    edges = graph_edges(before, read_table(spark, ENTITIES, warehouse), input_graph)
+    nodes = graph_nodes(edges)
+    sampled = sample_neighbourhoods(
+        nodes,
+        cap_degree(edges, input_graph),
+        SampleConfig(
+            ds=input_day,
+            warehouse=warehouse,
+            node_types=("user",),
+            k1=sample.k1,
+            k2=sample.k2,
+            user_k1=sample.user_k1,
+            max_tokens=max_tokens,
+            seed=sample.seed,
+            salts=sample.salts,
+        ),
+    )
+    inputs = NeighbourhoodRows.from_columns(arrow_columns(sampled.toArrow(), NEIGHBOURHOOD_COLUMNS))
+
+    positives = (
+        after.select(
+            node_id(F.col("source"), F.lit("user"), F.col("user_id")).alias("user"),
+            node_id(F.col("source"), F.lit("item"), F.col("item_id")).alias("item"),
+            stage_weight(positive_weights).alias("weight"),
+            "funnel_stage",
+        )
+        .groupBy("user", "item", "funnel_stage")
+        .agg(F.max("weight").alias("weight"))
+        .toPandas()
+    )
+    by_stage = positives.groupby("funnel_stage").size().to_dict() if len(positives) else {}
+    lineage = {
+        "cutoff": cutoff.isoformat() + "Z",
+        "cutoff_rule": rule,
+        "events_version": table_version(spark, EVENTS, warehouse),
+        "entities_version": table_version(spark, ENTITIES, warehouse),
+        "input_users": len(inputs),
+        "positives_by_stage": {k: int(v) for k, v in sorted(by_stage.items())},
+    }
+    return NextPeriod(
+        cutoff,
+        inputs,
+        positives["user"].to_numpy(dtype=np.int64),
+        positives["item"].to_numpy(dtype=np.int64),
+        positives["weight"].to_numpy(dtype=np.float32),
+        lineage,
+    )

@@ -1,0 +1,175 @@
+"""hir_model.pairs and hir_model.selection on hand-made rows: which pairs train, what each batch masks, and the
+validation recall that chooses the stopping epoch."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hir_model.data import NeighbourhoodRows
+from hir_model.pairs import PairBatches, make_next_period_pairs, mask_node
+from hir_model.selection import Validation
+from schemas.codes import EDGE_TYPES, NODE_TYPES
+
+L = 6
+USER, ITEM = NODE_TYPES["user"], NODE_TYPES["item"]
+
+
+def rows_of(spec: dict[int, tuple[str, list[tuple[int, str, str, int, int]]]]) -> NeighbourhoodRows:
+    """{target id: (type, [(node id, node type, edge type, hop, parent position), ...])} as rows of L tokens."""
+    n = len(spec)
+    cols = {
+        "token_node_id": np.zeros((n, L), np.int64),
+        "token_node_type": np.zeros((n, L), np.int32),
+        "token_edge_type": np.zeros((n, L), np.int32),
+        "token_hop": np.zeros((n, L), np.int32),
+        "token_parent_pos": np.full((n, L), -1, np.int32),
+        "token_recency": np.zeros((n, L), np.int32),
+        "token_weight": np.zeros((n, L), np.float32),
+        "token_is_deep": np.zeros((n, L), np.bool_),
+    }
+    num_tokens, node_types = [], []
+    for r, (target, (kind, tokens)) in enumerate(spec.items()):
+        all_tokens = [(target, kind, "self", 0, -1), *tokens]
+        for p, (node, node_kind, edge, hop, parent) in enumerate(all_tokens):
+            cols["token_node_id"][r, p] = node
+            cols["token_node_type"][r, p] = NODE_TYPES[node_kind]
+            cols["token_edge_type"][r, p] = EDGE_TYPES[edge]
+            cols["token_hop"][r, p] = hop
+            cols["token_parent_pos"][r, p] = parent
+            cols["token_weight"][r, p] = 1.0
+        num_tokens.append(len(all_tokens))
+        node_types.append(kind)
+    return NeighbourhoodRows.from_columns(
+        {
+            "node_id": np.array(list(spec), np.int64),
+            "node_type": np.array(node_types, dtype=object),
+            "num_tokens": np.array(num_tokens, np.int32),
+            **cols,
+        }
+    )
+
+
+# Input rows (before the cut-off): users 1 and 2 with history, user 3 with none.
+INPUTS = rows_of(
+    {
+        1: ("user", [(10, "item", "user_view_item", 1, 0)]),
+        2: ("user", [(11, "item", "user_view_item", 1, 0), (12, "item", "user_cart_item", 1, 0)]),
+        3: ("user", []),
+    }
+)
+# Served rows (the day): items 10-13 (item 10 viewed by user 1, whose row also holds a co-viewer under it) and a
+# category.
+SERVED = rows_of(
+    {
+        10: ("item", [(1, "user", "item_viewed_by_user", 1, 0), (11, "item", "user_view_item", 2, 1)]),
+        11: ("item", [(2, "user", "item_viewed_by_user", 1, 0), (1, "user", "item_viewed_by_user", 1, 0)]),
+        12: ("item", [(2, "user", "item_carted_by_user", 1, 0)]),
+        13: ("item", [(50, "category", "item_in_category", 1, 0)]),
+        50: ("category", [(13, "item", "category_has_item", 1, 0)]),
+    }
+)
+
+
+def test_pairs_keep_the_deepest_stage_and_drop_ends_without_rows() -> None:
+    pairs = make_next_period_pairs(
+        INPUTS,
+        SERVED,
+        user_ids=np.array([1, 1, 1, 2, 3, 2, 9]),
+        item_ids=np.array([11, 11, 10, 13, 10, 99, 10]),
+        weights=np.array([1.0, 3.0, 1.0, 5.0, 1.0, 1.0, 1.0]),
+    )
+    # (1, 11) twice -> weight 3; (3, 10): no history; (2, 99): no item row; (9, 10): no user row.
+    assert list(zip(pairs.user_id.tolist(), pairs.item_id.tolist(), pairs.weight.tolist(), strict=True)) == [
+        (1, 10, 1.0),
+        (1, 11, 3.0),
+        (2, 13, 5.0),
+    ]
+    assert pairs.missing == 3
+    assert INPUTS.node_id[pairs.user_row].tolist() == [1, 1, 2]
+    assert SERVED.node_id[pairs.item_row].tolist() == [10, 11, 13]
+
+
+def test_a_batch_masks_the_pairs_user_from_its_item_and_its_own_positives_from_its_negatives() -> None:
+    pairs = make_next_period_pairs(
+        INPUTS, SERVED, np.array([1, 1, 2]), np.array([10, 11, 13]), np.array([1.0, 3.0, 5.0])
+    )
+    loader = PairBatches(INPUTS, SERVED, pairs, batch_size=3, negatives=4, steps=1, seed=0)
+    (batch,) = list(loader)
+    order = batch.weights.tolist()  # the epoch's shuffle: identify each row by its weight
+    item_of = {1.0: 10, 3.0: 11, 5.0: 13}
+    user_of = {1.0: 1, 3.0: 1, 5.0: 2}
+    assert batch.items.node_id[:, 0].tolist() == [item_of[w] for w in order]
+    for row, w in enumerate(order):
+        real = batch.items.node_id[row][batch.items.is_real[row]].tolist()
+        assert user_of[w] not in real[1:]  # the pair's user is gone from its item's row ...
+        if item_of[w] == 10:
+            assert real == [10]  # ... with the co-viewer under it
+        if item_of[w] == 11:
+            assert real == [11, 2]  # the other user stays
+    # Negatives: the 4 item rows (never the category), each masked for the users that have it as a positive.
+    negative_ids = SERVED.node_id[np.sort(np.flatnonzero(SERVED.node_type == "item"))].tolist()
+    assert batch.negatives.node_id[:, 0].tolist() == negative_ids == [10, 11, 12, 13]
+    for row, w in enumerate(order):
+        own = {i for u, i in [(1, 10), (1, 11), (2, 13)] if u == user_of[w]}
+        assert batch.negative_mask[row].tolist() == [i in own for i in negative_ids]
+        assert batch.in_batch_mask[row].tolist() == [item_of[v] in own for v in order]
+    # logQ: in-batch items each 1/3 of the pairs x 3 pairs = 1 expected draw; uniform 4 of 4 = 1.
+    assert torch.allclose(batch.positive_log_q, torch.zeros(3)) and torch.allclose(
+        batch.negative_log_q, torch.zeros(4)
+    )
+
+
+def test_batches_cover_every_pair_once_per_epoch_and_resume_exactly() -> None:
+    users = np.array([1] * 2 + [2] * 2)
+    items = np.array([10, 11, 12, 13])
+    pairs = make_next_period_pairs(INPUTS, SERVED, users, items, np.ones(4))
+    full = list(PairBatches(INPUTS, SERVED, pairs, batch_size=2, negatives=2, steps=6, seed=5))
+    epoch = sorted(i for b in full[:2] for i in b.items.node_id[:, 0].tolist())
+    assert epoch == [10, 11, 12, 13]
+    tail = list(PairBatches(INPUTS, SERVED, pairs, batch_size=2, negatives=2, steps=6, seed=5, start_step=3))
+    for a, b in zip(full[3:], tail, strict=True):
+        assert torch.equal(a.users.node_id, b.users.node_id) and torch.equal(
+            a.negatives.node_id, b.negatives.node_id
+        )
+    other = list(PairBatches(INPUTS, SERVED, pairs, batch_size=2, negatives=2, steps=6, seed=6))
+    assert any(
+        not torch.equal(a.negatives.node_id, b.negatives.node_id) for a, b in zip(full, other, strict=True)
+    )
+
+
+def test_users_split_into_disjoint_training_and_validation_sets() -> None:
+    n = 40
+    rows = rows_of({u: ("user", [(100 + u, "item", "user_view_item", 1, 0)]) for u in range(1, n + 1)})
+    served = rows_of({100 + u: ("item", []) for u in range(1, n + 1)})
+    users = np.repeat(np.arange(1, n + 1), 2)
+    items = 100 + np.concatenate([[u, u % n + 1] for u in range(1, n + 1)])
+    pairs = make_next_period_pairs(rows, served, users, items, np.ones(2 * n))
+    train, validation = pairs.split_users(0.1, seed=0)
+    assert len(set(train.user_id) & set(validation.user_id)) == 0
+    assert len(set(validation.user_id)) == 4 and len(train) + len(validation) == len(pairs)
+    assert pairs.split_users(0.1, seed=1)[1].user_id.tolist() != validation.user_id.tolist()
+    assert len(pairs.split_users(0.0, seed=0)[1]) == 0
+
+
+def test_mask_node_drops_the_token_and_its_subtree_only() -> None:
+    batch = SERVED.batch(np.array([0]))  # item 10: user 1 at position 1, item 11 under it
+    masked = mask_node(batch, torch.tensor([1]), "user")
+    assert masked.node_id[0][masked.is_real[0]].tolist() == [10]
+    untouched = mask_node(batch, torch.tensor([10]), "item")  # the target itself is never dropped
+    assert untouched.node_id[0][untouched.is_real[0]].tolist() == [10, 1, 11]
+
+
+def test_validation_recall_counts_weighted_hits_in_the_top_k() -> None:
+    pairs = make_next_period_pairs(
+        INPUTS, SERVED, np.array([1, 1, 2]), np.array([10, 12, 11]), np.array([1.0, 3.0, 5.0])
+    )
+    # An embedding that puts user 1 next to item 10 and user 2 next to item 12: top-1 hits (1, 10) only.
+    place = {1: [1.0, 0.0], 10: [1.0, 0.0], 2: [0.0, 1.0], 12: [0.0, 1.0], 11: [-1.0, 0.0], 13: [0.0, -1.0]}
+
+    def embed(batch):
+        return torch.tensor([place[int(i)] for i in batch.node_id[:, 0]])
+
+    assert Validation(INPUTS, SERVED, pairs, k=1).recall(embed) == 1.0 / 9.0
+    # k = the corpus: every engagement is found.
+    assert Validation(INPUTS, SERVED, pairs, k=4).recall(embed) == 1.0
