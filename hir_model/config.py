@@ -48,7 +48,9 @@ class ModelConfig:
     use_content: bool = True  # ablation: ignore content embeddings
     use_attention_bias: bool = True  # ablation: False => zero edge/hop/recency biases
     use_hierarchy_mask: bool = True  # ablation: False => every real token sees every real token
-    use_item_bag: bool = True  # add the row's item-id bag to the embedding (repeat awareness; encoder.item_bag)
+    use_item_bag: bool = (
+        True  # add the row's item-id bag to the embedding (repeat awareness; encoder.item_bag)
+    )
 
     # DINO head and distillation
     num_prototypes: int = (

@@ -191,7 +191,7 @@ class PairBatches:
         negative_mask = self._is_positive(user_index, self.served.node_id[negative_rows])
         b, m = len(pair_index), len(negative_rows)
         positive_log_q = np.log(b * self.item_share[self.pair_item[pair_index]])
-        negative_log_q = np.full(m, math.log(max(m, 1) / len(self.corpus)))
+        negative_log_q = np.full(m, math.log(m / len(self.corpus)) if m else 0.0)
         return RetrievalBatch(
             users,
             items,

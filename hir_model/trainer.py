@@ -125,7 +125,11 @@ class Trainer:
         # Retrieval trains the served network on the served view: every token a served row holds, deep ones too.
         users = self.student(batch.users)  # (B, D)
         items = self.student(batch.items)  # (B, D)
-        negatives = self.student(batch.negatives)  # (M, D)
+        negatives = (  # (M, D); a corpus without items (tests, odd days) gives in-batch negatives only
+            self.student(batch.negatives)
+            if batch.negatives.batch_size
+            else users.new_zeros(0, users.shape[1])
+        )
         retrieval = mixed_negative_loss(
             users,
             items,
@@ -169,10 +173,15 @@ class Trainer:
         return metrics
 
     def _distillation(self, batch: RetrievalBatch, teacher_temp: float) -> tuple[Tensor, dict[str, Any]]:
-        """DINO between the student's sparse view and the EMA teacher's full view, on the batch's users and its
-        uniform corpus items (so every kind of served row is regularised, not only converted items)."""
+        """DINO between the student's sparse view and the EMA teacher's full view, on the batch's users and some of
+        its uniform corpus items (so every kind of served row is regularised, not only converted items)."""
         cfg = self.model_config
-        rows = (batch.users, batch.negatives)
+        # A quarter as many corpus items as users: the term regularises every kind of row at a fraction of the
+        # cost of a second pass over all negatives (bench/train_step.py).
+        corpus = batch.negatives.select(
+            torch.arange(min(batch.negatives.batch_size, batch.users.batch_size // 4))
+        )
+        rows = tuple(r for r in (batch.users, corpus) if r.batch_size)
         with torch.no_grad():
             teacher_logits = [self.teacher_head(self.teacher(r)) for r in rows]
         temps = (cfg.student_temp, teacher_temp)
@@ -184,7 +193,6 @@ class Trainer:
                 *temps,
             )
             for r, t in zip(rows, teacher_logits, strict=True)
-            if r.batch_size
         ]
         distill = sum(losses) / len(losses)
         logits = torch.cat(teacher_logits)

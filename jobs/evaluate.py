@@ -497,29 +497,30 @@ def variant_embeddings(spark: SparkSession, cfg: EvalConfig, ds: dt.date, model_
 
 
 def hir_rankings(
-    spark, cfg: EvalConfig, data: EvalData, ds: dt.date, k: int
+    spark, cfg: EvalConfig, data: EvalData, ds: dt.date, k: int, context: dict
 ) -> dict[str, dict[int, np.ndarray]]:
-    """The full model through the published item index (graph candidates as an allowed-id filter)."""
+    """The full model's published embeddings ranked by the same exact search as its ablations; the published item
+    index is checked against it separately (context["hir_index_recall"]: its share of the exact catalog top k)."""
     from jobs.index.reader import NO_ID, open_index
 
     reader = open_index(cfg.history_warehouse, "item", str(ds))
     version = reader.manifest.get("source", {}).get("delta_version")
-    users = (
+    published = (
         read_table(spark, EMBEDDINGS, cfg.history_warehouse, version)
-        .where(
-            (F.col("ds") == F.lit(ds))
-            & (F.col("entity_type") == "user")
-            & (F.col("model_version") == reader.manifest["model_version"])
-        )
-        .select("node_id", "vector")
+        .where((F.col("ds") == F.lit(ds)) & (F.col("model_version") == reader.manifest["model_version"]))
+        .select("node_id", F.col("entity_type").alias("node_type"), "vector")
         .toPandas()
     )
-    found, matrix = vectors_of(users, data.users)
-    out = {}
-    for candidates, allowed in (("graph", data.graph_items), ("catalog", data.catalog_items)):
-        _, node_ids, _ = reader.search(matrix, k, allowed=allowed)
-        out[candidates] = {int(u): row[row != NO_ID] for u, row in zip(found.tolist(), node_ids, strict=True)}
-    return out
+    found, matrix = vectors_of(published[published["node_type"] == "user"], data.users)
+    exact = embedding_rankings(found, matrix, published[published["node_type"] == "item"], data, k)
+    _, node_ids, _ = reader.search(matrix, k, allowed=data.catalog_items)
+    shares = [
+        len(set(row[row != NO_ID].tolist()) & set(exact["catalog"][int(u)].tolist()))
+        / max(len(exact["catalog"][int(u)]), 1)
+        for u, row in zip(found.tolist(), node_ids, strict=True)
+    ]
+    context["hir_index_recall"] = (k, float(np.mean(shares)) if shares else float("nan"))
+    return exact
 
 
 def embedding_rankings(
@@ -686,7 +687,7 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
     for name in variants:
         t0 = time.perf_counter()
         if name == "hir":
-            rankings[name] = hir_rankings(spark, cfg, data, ds, k)
+            rankings[name] = hir_rankings(spark, cfg, data, ds, k, context)
         else:
             pdf = variant_embeddings(spark, cfg, ds, built["models"][name].path)
             user_ids, user_matrix = vectors_of(pdf[pdf["node_type"] == "user"], data.users)
@@ -725,6 +726,9 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
         "history tables": ", ".join(f"{t} v{v}" for t, v in history_versions.items()),
         "history stages": ", ".join(f"{n} {status}" for n, status in built["stages"].items()),
     }
+    if "hir_index_recall" in context:
+        at, share = context["hir_index_recall"]
+        ctx[f"HIR serving recall@{at} (published index vs exact, catalog)"] = f"{share:.3f}"
     if "als" in context:
         choice = context["als"]
         ctx["ALS grid (validation NDCG@50)"] = "; ".join(

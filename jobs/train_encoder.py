@@ -105,7 +105,7 @@ class TrainJobConfig:
     use_distillation: bool = True  # ablation: False => retrieval objective only (no teacher-student term)
     steps: int | None = None  # default: epochs x batches per epoch
     epochs: int = 20  # at most; training stops earlier when the validation recall stops improving
-    patience: int = 6  # epochs without a better validation recall before stopping
+    patience: int = 6  # epochs without a better validation recall@50 before stopping
     validation_share: float = 0.1  # users held out of training to choose the stopping epoch
     train_cutoff: dt.datetime | None = (
         None  # naive UTC; None: the last next_period_share of the window after it
@@ -234,15 +234,16 @@ def build_parser() -> JobArgumentParser:
         type=_positive,
         default=20,
         help="At most this many passes over the next-period pairs (default 20). Training stops earlier, after "
-        "--patience epochs without a better validation recall, and serves the best epoch's network.",
+        "--patience epochs without a better validation recall@50, and serves the best epoch's network.",
     )
     length.add_argument("--steps", type=_positive, help="At most this many steps instead of --epochs.")
     g.add_argument(
         "--patience",
         type=_positive,
         default=6,
-        help="Epochs without a better validation recall@50 before training stops (default 6: the validation "
-        "users are few on small days and their recall is noisy from epoch to epoch).",
+        help="Epochs without a better validation recall@50 (the held-out users' next-period items among their "
+        "top 50 of the whole corpus) before training stops (default 6: a few dozen validation users make the "
+        "recall noisy from epoch to epoch).",
     )
     g.add_argument(
         "--validation-share",
@@ -729,7 +730,7 @@ class Progress:
             else ""
         )
         validated = (
-            f"| validation recall@50 {metrics['validation_recall_at_50']:.3f} "
+            f"| validation loss {metrics['validation_loss']:.3f} recall@50 {metrics['validation_recall_at_50']:.3f} "
             if "validation_recall_at_50" in metrics
             else ""
         )
@@ -902,7 +903,7 @@ def start_or_resume(
 
 @dataclass(frozen=True)
 class EpochSelection:
-    """Validate at each epoch's end; stop after `patience` epochs without a better validation recall."""
+    """Validate at each epoch's end; stop after `patience` epochs without a better validation recall@50."""
 
     validation: Validation | None
     content: Any
@@ -912,9 +913,10 @@ class EpochSelection:
     def after_step(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if self.validation is None or trainer.step % self.steps_per_epoch:
             return
-        recall = self.validation.recall(trainer.embed, self.content)
-        metrics["validation_recall_at_50"] = recall
-        metrics["validation_best"] = trainer.record_validation(recall)
+        score = self.validation.score(trainer.embed, trainer.model_config.retrieval_temp, self.content)
+        metrics["validation_loss"] = score["loss"]
+        metrics["validation_recall_at_50"] = score["recall"]
+        metrics["validation_best"] = trainer.record_validation(score["recall"])
 
     def should_stop(self, trainer: Trainer) -> bool:
         if self.validation is None or trainer.best is None:

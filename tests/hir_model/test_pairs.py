@@ -3,7 +3,10 @@ validation recall that chooses the stopping epoch."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pytest
 import torch
 
 from hir_model.data import NeighbourhoodRows
@@ -170,6 +173,15 @@ def test_validation_recall_counts_weighted_hits_in_the_top_k() -> None:
     def embed(batch):
         return torch.tensor([place[int(i)] for i in batch.node_id[:, 0]])
 
-    assert Validation(INPUTS, SERVED, pairs, k=1).recall(embed) == 1.0 / 9.0
+    top1 = Validation(INPUTS, SERVED, pairs, k=1).score(embed, temperature=1.0)
+    assert top1["recall"] == 1.0 / 9.0
     # k = the corpus: every engagement is found.
-    assert Validation(INPUTS, SERVED, pairs, k=4).recall(embed) == 1.0
+    assert Validation(INPUTS, SERVED, pairs, k=4).score(embed, temperature=1.0)["recall"] == 1.0
+
+    # The loss: -log softmax over the 4 items (scores = cosines), weighted 1, 3, 5.
+    def nll(user: int, item: int) -> float:
+        scores = {i: float(np.dot(place[user], place[i])) for i in (10, 11, 12, 13)}
+        return -scores[item] + math.log(sum(math.exp(v) for v in scores.values()))
+
+    expected = (nll(1, 10) + 3 * nll(1, 12) + 5 * nll(2, 11)) / 9
+    assert top1["loss"] == pytest.approx(expected, rel=1e-6)

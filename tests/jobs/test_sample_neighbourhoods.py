@@ -3,10 +3,12 @@ sampling distribution, the job on a warehouse and on real data."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import random
 from collections import Counter
 
+import numpy as np
 import pandas as pd
 import pytest
 from chispa import assert_df_equality
@@ -24,7 +26,7 @@ from schemas.tables import EDGES, NEIGHBOURHOODS, NODES
 
 D = dt.date(2024, 3, 10)
 T = dt.datetime(2024, 3, 10, 12)
-CFG = SampleConfig(ds=D, k1=2, k2=2, max_tokens=12, seed=3, salts=4)
+CFG = SampleConfig(ds=D, k1=2, k2=2, user_k1=3, max_tokens=12, seed=3, salts=4)
 REVERSE = {
     "user_view_item": "item_viewed_by_user",
     "user_purchase_item": "item_purchased_by_user",
@@ -181,11 +183,12 @@ def test_every_row_is_a_valid_tree_of_real_edges(sampled):
         assert all(c <= CFG.k2 for c in per_parent.values())
         full = n < CFG.max_tokens
         truncated += not full
+        budget = CFG.user_k1 if node_type_of(target) == "user" else CFG.k1
         for (src, etype), degree in degree_by_type.items():
             if src == target:
-                assert per_type[etype] <= CFG.k1
+                assert per_type[etype] <= budget
                 if full:
-                    assert per_type[etype] == min(CFG.k1, degree), "hop 1 takes k1 per edge type when it fits"
+                    assert per_type[etype] == min(budget, degree), "hop 1 takes its budget per edge type"
         if full:
             for pos in range(1, h1 + 1):
                 parent_node = tokens[pos][0]
@@ -257,6 +260,24 @@ def test_draws_follow_the_weights(spark):
         assert chi2 < 18.47, f"draw {rank}: chi-square {chi2:.1f}"
     # A sampler that ignored the weights would fail: the heaviest leaf is drawn first ~half of the time.
     assert counts[(1, 5)] > 0.4 * stars
+
+
+def test_the_user_budget_is_the_90th_percentile_of_distinct_items_within_bounds(graph):
+    _, edges = graph
+    _, rows = graph_rows()
+    items = Counter((e[0], e[4]) for e in rows if node_type_of(e[0]) == "user")  # (user, edge type) -> items
+    by_type: dict[str, list[int]] = {}
+    for (_, edge_type), count in items.items():
+        by_type.setdefault(edge_type, []).append(count)
+    # Spark's percentile: linear interpolation between the closest ranks.
+    p90 = max(round(float(np.percentile(counts, 90))) for counts in by_type.values())
+    auto = SampleConfig(ds=D, k1=2, k2=2, max_tokens=40)
+    assert job.user_budget(edges, auto) == max(2, min(p90, 39)) and p90 > 2
+    assert job.user_budget(edges, dataclasses.replace(auto, max_tokens=4)) == 3  # at most max_tokens - 1
+    assert job.user_budget(edges, dataclasses.replace(auto, k1=50, max_tokens=64)) == 50  # at least k1
+    assert (
+        job.user_budget(edges, dataclasses.replace(auto, user_k1=7, max_tokens=5)) == 4
+    )  # a given budget, cut
 
 
 def test_job_writes_the_day_and_reports(spark, graph, tmp_path, capsys):

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
@@ -31,22 +32,24 @@ from hir_model.checkpoint import load_model, load_quantiser, read_lineage, read_
 from hir_model.data import PyarrowReader, read_neighbourhoods
 from hir_model.encoder import hash_node_ids
 from jobs import train_encoder
+from jobs.build_graph import node_id
 from jobs.common.args import run_job
 from jobs.common.delta import table_path, write_table
 from jobs.common.errors import HirError
+from jobs.train.next_period import NextPeriod
 from jobs.train_encoder import (
     TableSnapshot,
     TrainingInputs,
+    categories_of_items,
     code_version,
     config_from_args,
     default_version,
-    positives_and_categories,
     resolve_inputs,
     table_snapshot,
     train,
 )
 from schemas.codes import EDGE_TYPES, NODE_TYPES
-from schemas.tables import EDGES, ENTITY_CONTENT, NEIGHBOURHOODS, TableSpec
+from schemas.tables import EDGES, ENTITIES, ENTITY_CONTENT, EVENTS, NEIGHBOURHOODS, TableSpec
 
 DAY, NEXT_DAY, LEAKY_DAY = dt.date(2026, 1, 7), dt.date(2026, 1, 8), dt.date(2026, 1, 9)
 L = 10  # max_tokens of the fixture's neighbourhoods
@@ -78,14 +81,24 @@ def spec_row(spec, **values) -> tuple:
     return tuple(values[f.name] if f.name in values else neutral(f.dataType) for f in spec.schema.fields)
 
 
+# Users and items carry the node ids build_graph gives their raw ids (source "test"), so that the events the
+# next-period objective reads name the same nodes as the hand-made neighbourhoods; filled by the tables fixture.
+NODE_IDS: dict[int, int] = {}
+
+
+def n(raw: int) -> int:
+    """The node id of a raw user (1xx) or item (2xx) id; categories (3xx) keep theirs."""
+    return NODE_IDS.get(raw, raw)
+
+
 def tree_row(node_id: int, node_type: str, neighbours: list[tuple], ds: dt.date) -> tuple:
     """A neighbourhoods row: target, then (node_id, type, edge type, hop, parent_pos, is_deep) tokens, padded."""
-    tokens = [(node_id, node_type, "self", 0, -1, False), *neighbours]
+    tokens = [(n(node_id), node_type, "self", 0, -1, False), *[(n(t[0]), *t[1:]) for t in neighbours]]
     pad = L - len(tokens)
     column = lambda i, fill: [t[i] for t in tokens] + [fill] * pad  # noqa: E731
     return spec_row(
         NEIGHBOURHOODS,
-        node_id=node_id,
+        node_id=n(node_id),
         node_type=node_type,
         raw_id=str(node_id),
         num_tokens=len(tokens),
@@ -136,8 +149,8 @@ def edge(src, dst, edge_type, ds, last=None, weight=1.0) -> tuple:
     src_type, dst_type = edge_type.split("_")[0], edge_type.split("_")[-1]
     return spec_row(
         EDGES,
-        src=src,
-        dst=dst,
+        src=n(src),
+        dst=n(dst),
         src_type=src_type,
         dst_type=dst_type,
         edge_type=edge_type,
@@ -159,6 +172,56 @@ def tables(spark, tmp_path_factory):
     """neighbourhoods: version a (the day + a row of the next day), version b (the day rewritten); edges;
     entity_content. Returns (warehouse, version a, version b)."""
     warehouse = tmp_path_factory.mktemp("train") / "warehouse"
+    raw = [(kind, r) for kind, ids in (("user", [*USERS_A, 107, 108, 999]), ("item", ITEMS_A)) for r in ids]
+    keys = spark.createDataFrame(
+        [("test", kind, str(r), r) for kind, r in raw], "s string, k string, r string, i int"
+    )
+    NODE_IDS.update(
+        {
+            row["i"]: row["id"]
+            for row in keys.select("i", node_id(F.col("s"), F.col("k"), F.col("r")).alias("id")).collect()
+        }
+    )
+    # Events: every view at 08:00, every conversion at 20:00, so the training cut-off (the last 20% of the day's
+    # events after it) falls between them: views are the input, conversions the positives.
+    at = lambda hour: dt.datetime.combine(DAY, dt.time(hour), tzinfo=dt.UTC)  # noqa: E731
+    events = [
+        spec_row(
+            EVENTS,
+            source="test",
+            user_id=str(u),
+            item_id=str(i),
+            funnel_stage="view",
+            event_time=at(8),
+            ds=DAY,
+        )
+        for u, i in VIEWS
+    ] + [
+        spec_row(
+            EVENTS,
+            source="test",
+            user_id=str(u),
+            item_id=str(i),
+            funnel_stage="cart",
+            event_time=at(20),
+            ds=DAY,
+        )
+        for u, i in CONVERSIONS
+    ]
+    write_table(spark.createDataFrame(events, EVENTS.schema), EVENTS, warehouse, None)
+    entities = [
+        spec_row(
+            ENTITIES,
+            source="test",
+            entity_type="item",
+            entity_id=str(i),
+            category_id=str(c),
+            price=1.0,
+            ds=DAY,
+        )
+        for i, c in CATEGORY.items()
+    ]
+    write_table(spark.createDataFrame(entities, ENTITIES.schema), ENTITIES, warehouse, None)
     rows_a = day_rows(USERS_A, ITEMS_A, DAY) + [tree_row(999, "user", [], NEXT_DAY)]
     version_a = write_table(
         spark.createDataFrame(rows_a, NEIGHBOURHOODS.schema), NEIGHBOURHOODS, warehouse, None
@@ -176,7 +239,7 @@ def tables(spark, tmp_path_factory):
     edges += [edge(101, 201, "user_purchase_item", LEAKY_DAY, last=late)]
     write_table(spark.createDataFrame(edges, EDGES.schema), EDGES, warehouse, None)
     content = [
-        spec_row(ENTITY_CONTENT, node_id=i, node_type="item", vector=[float(i % 4 == k) for k in range(4)])
+        spec_row(ENTITY_CONTENT, node_id=n(i), node_type="item", vector=[float(i % 4 == k) for k in range(4)])
         for i in ITEMS_A
     ]
     write_table(spark.createDataFrame(content, ENTITY_CONTENT.schema), ENTITY_CONTENT, warehouse, None)
@@ -265,7 +328,11 @@ def test_lineage_names_the_delta_versions_read_and_the_seed(trained, tables) -> 
     assert lineage["seed"] == 5 and lineage["ds"] == str(DAY) and lineage["code_version"]
     # The recorded files are version a's day: exactly its rows, nothing of version b or of the next day.
     rows = read_neighbourhoods(PyarrowReader(), read["files"])
-    assert sorted(rows.node_id.tolist()) == sorted(USERS_A + ITEMS_A + [301, 302])
+    assert sorted(rows.node_id.tolist()) == sorted(map(n, USERS_A + ITEMS_A + [301, 302]))
+    # The next-period inputs: the cut-off between the views and the conversions, every user with a view.
+    period = lineage["inputs"]["next_period"]
+    assert period["cutoff"] == "2026-01-07T20:00:00Z" and period["positives_by_stage"] == {"cart": 7}
+    assert period["input_users"] == 6
 
 
 def test_latest_version_is_the_default_and_resolves_to_other_files(spark, tables, trained) -> None:
@@ -273,17 +340,18 @@ def test_latest_version_is_the_default_and_resolves_to_other_files(spark, tables
     inputs = resolve_inputs(spark, config_from_args(argv(warehouse)))
     assert inputs.neighbourhoods.version == version_b
     rows = read_neighbourhoods(PyarrowReader(), inputs.neighbourhoods.files)
-    assert sorted(rows.node_id.tolist()) == sorted(USERS_B + ITEMS_B + [301])
+    assert sorted(rows.node_id.tolist()) == sorted(map(n, USERS_B + ITEMS_B + [301]))
     assert not set(inputs.neighbourhoods.files) & set(
         read_lineage(trained[1])["inputs"]["neighbourhoods"]["files"]
     )
     # Each item's heaviest category; the day's positives are distinct (user, item) pairs.
     categories = dict(zip(inputs.category_items.tolist(), inputs.category_ids.tolist(), strict=True))
-    assert categories == CATEGORY
-    assert (
-        sorted(zip(inputs.positive_users.tolist(), inputs.positive_items.tolist(), strict=True))
-        == CONVERSIONS
-    )
+    assert categories == {n(i): c for i, c in CATEGORY.items()}
+    # The positives: every conversion after the cut-off (user 107 too: pairing drops it, it has no history).
+    period = inputs.next_period
+    positives = zip(period.user_ids.tolist(), period.item_ids.tolist(), strict=True)
+    assert sorted(positives) == sorted((n(u), n(i)) for u, i in CONVERSIONS)
+    assert period.weights.tolist() == [3.0] * len(CONVERSIONS)
 
 
 def test_an_existing_version_is_never_overwritten(trained, tables, capsys) -> None:
@@ -389,7 +457,7 @@ def test_missing_table_and_missing_version_fail_in_one_line(spark, tables, tmp_p
 def test_edges_with_events_after_the_day_are_refused(spark, tables) -> None:
     warehouse, _, _ = tables
     with pytest.raises(HirError, match="events after the day"):
-        positives_and_categories(spark, str(warehouse), None, LEAKY_DAY)
+        categories_of_items(spark, str(warehouse), None, LEAKY_DAY)
 
 
 def test_tables_with_deletion_vectors_are_refused(spark, tmp_path) -> None:
@@ -411,7 +479,7 @@ def test_tables_with_deletion_vectors_are_refused(spark, tmp_path) -> None:
 def indistinguishable_day(folder: Path, rows: int = 12) -> TrainingInputs:
     """Users the model cannot tell apart: with 2 id buckets, target ids that hash to the same buckets, and the same
     viewed item. Every user then gets the same embedding and prototype: the representation has collapsed, whatever
-    the weights. No conversions, so the run is pure distillation."""
+    the weights. The next-period pairs join users to users (the day has no items): every row is alike anyway."""
     candidates = torch.arange(1, 5000)
     users = torch.full_like(candidates, NODE_TYPES["user"])
     same = (hash_node_ids(candidates, users, 2, 0) == 0) & (hash_node_ids(candidates, users, 2, 1) == 0)
@@ -438,7 +506,11 @@ def indistinguishable_day(folder: Path, rows: int = 12) -> TrainingInputs:
         "neighbourhoods", str(folder), 0, str(DAY), (str(folder / "part-0.parquet"),), rows
     )
     empty = np.zeros(0, dtype=np.int64)
-    return TrainingInputs(snapshot, {"version": 0}, None, empty, empty, empty, empty)
+    rows_read = read_neighbourhoods(PyarrowReader(), snapshot.files)
+    period = NextPeriod(
+        dt.datetime(2026, 1, 7, 20), rows_read, ids[:6], ids[6:12], np.ones(6, np.float32), {"cutoff": "-"}
+    )
+    return TrainingInputs(snapshot, {"version": 0}, None, period, empty, empty)
 
 
 def test_a_collapsed_run_is_reported_as_collapsed(tmp_path, monkeypatch, capsys) -> None:

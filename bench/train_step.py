@@ -1,0 +1,113 @@
+"""One training step on CPU: steps/s and pairs/s of Trainer.train_step, against a plain forward-backward of the same
+student on the same rows, measured side by side.
+
+    .venv/bin/python bench/train_step.py                       # demo sizes (dim 32, 2 heads, 128 pairs, 256 negatives)
+    .venv/bin/python bench/train_step.py --threads 1 --negatives 128 --max-tokens 64
+
+The rows are the planted-interest synthetic day (hir_model.synthetic) with users' histories as long as the
+sampler's user budget makes them on real data. Three measurements, each the median of --repeats steps after
+--warmup steps:
+
+* `plain`: student forward of users, items and negatives + the retrieval loss + backward + AdamW step;
+* `retrieval`: Trainer.train_step with distillation off (what `plain` does, plus the batch's bookkeeping);
+* `full`: Trainer.train_step as trained (retrieval + cross-view distillation).
+
+The ratio column is each against `plain`: what the trainer adds to the unavoidable work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--negatives", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=10)
+    args = p.parse_args()
+
+    import torch
+
+    from hir_model.config import ModelConfig, TrainConfig
+    from hir_model.objective import mixed_negative_loss
+    from hir_model.synthetic import make_synthetic, synthetic_batches
+    from hir_model.trainer import Trainer
+
+    torch.set_num_threads(args.threads)
+    data = make_synthetic(num_users=1000, views_per_user=(20, 40), max_tokens=args.max_tokens, seed=0)
+    steps = args.warmup + args.repeats
+    batches = list(synthetic_batches(data, args.batch_size, steps, seed=0, negatives=args.negatives))
+    model = ModelConfig(
+        id_buckets=65536,
+        dim=args.dim,
+        heads=args.heads,
+        max_tokens=args.max_tokens,
+        content_dim=0,
+        num_prototypes=64,
+    )
+    train = TrainConfig(steps=steps, batch_size=args.batch_size, warmup_steps=1)
+    widths = statistics.mean(b.users.max_tokens for b in batches)
+
+    def timed(step) -> float:
+        times = []
+        for i, batch in enumerate(batches):
+            started = time.perf_counter()
+            step(batch)
+            if i >= args.warmup:
+                times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    plain_trainer = Trainer(dataclasses.replace(model, distill_weight=0.0), train, device="cpu")
+    student, optimizer = plain_trainer.student, plain_trainer.optimizer
+
+    def plain(batch) -> None:
+        student.train()
+        users, items, negatives = student(batch.users), student(batch.items), student(batch.negatives)
+        loss = mixed_negative_loss(
+            users,
+            items,
+            negatives,
+            batch.positive_log_q,
+            batch.negative_log_q,
+            batch.in_batch_mask,
+            batch.negative_mask,
+            batch.weights,
+            model.retrieval_temp,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    results = {"plain": timed(plain)}
+    retrieval = Trainer(dataclasses.replace(model, distill_weight=0.0), train, device="cpu")
+    results["retrieval"] = timed(retrieval.train_step)
+    full = Trainer(model, train, device="cpu")
+    results["full"] = timed(full.train_step)
+
+    print(
+        f"train step on CPU, {args.threads} threads: {args.batch_size} pairs + {args.negatives} negatives, "
+        f"user rows {widths:.0f} tokens wide, dim {args.dim}"
+    )
+    print(f"{'step':<10} {'ms/step':>9} {'steps/s':>8} {'pairs/s':>8} {'x plain':>8}")
+    for name, seconds in results.items():
+        print(
+            f"{name:<10} {1000 * seconds:9.1f} {1 / seconds:8.2f} {args.batch_size / seconds:8.0f} "
+            f"{seconds / results['plain']:8.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
