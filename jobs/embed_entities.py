@@ -24,7 +24,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
-from jobs.common.delta import read_table, table_exists, table_version, write_table
+from jobs.common.delta import read_table, table_exists, table_path, table_snapshot, table_version, write_table
 from jobs.common.errors import HirError
 from jobs.common.spark import get_spark
 from jobs.common.stage import StageLog
@@ -266,12 +266,52 @@ def bom_vocab(tokens: DataFrame, terms: DataFrame, label_terms: int) -> DataFram
     )
 
 
-def _snapshot_files(spark: SparkSession, warehouse: str) -> tuple[tuple[str, ...], int | None]:
-    if not table_exists(spark, ENTITY_CONTENT, warehouse):
+def served_content(
+    spark: SparkSession, warehouse: str, model_dir: Path
+) -> tuple[tuple[str, ...], int | None]:
+    """The entity_content files the model is served with: none for a model without content; else the version
+    its training pinned (lineage) when it was trained on this warehouse, the latest otherwise, with the same
+    deletion-vector check as training. Refused in one line, before Spark runs the model, when the table is
+    missing or its vectors are not the model's content_dim."""
+    from hir_model.checkpoint import read_config, read_lineage
+
+    config, _ = read_config(model_dir)
+    if not config.content_enabled:
         return (), None
-    version = table_version(spark, ENTITY_CONTENT, warehouse)
-    files = read_table(spark, ENTITY_CONTENT, warehouse, version=version).inputFiles()
-    return tuple(sorted(files)), version
+    if not table_exists(spark, ENTITY_CONTENT, warehouse):
+        raise HirError(
+            f"model {model_dir.name} was trained with content vectors but {warehouse} has no entity_content: "
+            "run `hir enrich` for the day first"
+        )
+    pinned = (read_lineage(model_dir).get("inputs") or {}).get("entity_content") or {}
+    here = pinned.get("path") == table_path(warehouse, ENTITY_CONTENT)
+    snapshot = table_snapshot(spark, ENTITY_CONTENT, warehouse, pinned.get("version") if here else None, None)
+    dims = {
+        r[0]
+        for r in read_table(spark, ENTITY_CONTENT, warehouse, snapshot.version)
+        .select(F.size("vector"))
+        .distinct()
+        .collect()
+    }
+    if dims - {config.content_dim}:
+        raise HirError(
+            f"entity_content version {snapshot.version} holds {sorted(dims)}-dimensional vectors, model "
+            f"{model_dir.name} was trained on {config.content_dim}: embed with the encoder it was trained on"
+        )
+    return snapshot.files, snapshot.version
+
+
+def check_row_length(rows: DataFrame, model_dir: Path) -> None:
+    """Refuse, before Spark runs the model, neighbourhood rows longer than the model's max_tokens."""
+    from hir_model.checkpoint import read_config
+
+    max_tokens = read_config(model_dir)[0].max_tokens
+    longest = rows.select(F.max(F.size("token_node_id"))).first()[0]
+    if longest is not None and longest > max_tokens:
+        raise HirError(
+            f"neighbourhood rows hold {longest} tokens, model {model_dir.name} takes at most {max_tokens}: "
+            f"sample with --max-tokens {max_tokens} or retrain"
+        )
 
 
 def embed(spark: SparkSession, cfg: EmbedConfig) -> EmbedReport:
@@ -282,15 +322,17 @@ def embed(spark: SparkSession, cfg: EmbedConfig) -> EmbedReport:
     log = StageLog("embed", {"ds": str(cfg.ds)})
     model_dir = resolve_model_dir(cfg.warehouse, cfg.model)
     check_not_collapsed(model_dir, cfg.allow_collapsed)
-    model = load_model(model_dir)
-    if model.quantiser is None:
-        raise HirError(f"model {model_dir} has no quantiser: retrain with the current `hir train`")
-    levels = model.quantiser.levels
     n_version = table_version(spark, NEIGHBOURHOODS, cfg.warehouse)
     rows = read_table(spark, NEIGHBOURHOODS, cfg.warehouse, version=n_version).where(
         F.col("ds") == F.lit(cfg.ds)
     )
-    content_files, content_version = _snapshot_files(spark, cfg.warehouse)
+    # What the model needs is checked from its config before its weights are loaded or Spark runs it.
+    check_row_length(rows, model_dir)
+    content_files, content_version = served_content(spark, cfg.warehouse, model_dir)
+    model = load_model(model_dir)
+    if model.quantiser is None:
+        raise HirError(f"model {model_dir} has no quantiser: retrain with the current `hir train`")
+    levels = model.quantiser.levels
     spec = EmbedSpec(
         model_dir=str(model_dir.resolve()),
         content_files=content_files,

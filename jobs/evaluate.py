@@ -483,11 +483,11 @@ def vectors_of(pdf: pd.DataFrame, ids: np.ndarray) -> tuple[np.ndarray, np.ndarr
 def variant_embeddings(spark: SparkSession, cfg: EvalConfig, ds: dt.date, model_dir: Path) -> pd.DataFrame:
     """(node_id, node_type, vector) of the day's neighbourhoods under an ablation model, through the same
     pandas UDF as `hir embed` (nothing is written: the published tables belong to the full model)."""
-    from jobs.embed_entities import _snapshot_files
+    from jobs.embed_entities import served_content
     from udfs.embed import OUTPUT_SCHEMA, EmbedSpec, embed_partitions
 
     rows = read_table(spark, NEIGHBOURHOODS, cfg.history_warehouse).where(F.col("ds") == F.lit(ds))
-    content_files, _ = _snapshot_files(spark, cfg.history_warehouse)
+    content_files, _ = served_content(spark, cfg.history_warehouse, model_dir)
     spec = EmbedSpec(model_dir=str(model_dir.resolve()), content_files=content_files)
     return (
         rows.mapInPandas(embed_partitions(spec), OUTPUT_SCHEMA)

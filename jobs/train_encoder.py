@@ -45,7 +45,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import unquote
 
 import numpy as np
 import torch
@@ -56,7 +55,6 @@ from hir_model.data import (
     NeighbourhoodRows,
     file_url,
     make_reader,
-    parquet_row_counts,
     read_content,
     read_neighbourhoods,
     row_batches,
@@ -68,6 +66,7 @@ from hir_model.trainer import Trainer
 from jobs.build_graph import parse_stage_weights
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
 from jobs.common.code import code_version as source_version
+from jobs.common.delta import TableSnapshot, first_line, table_snapshot
 from jobs.common.errors import HirError
 from jobs.common.stage import StageLog
 from jobs.sample_neighbourhoods import SampleConfig
@@ -453,28 +452,6 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
 
 
 @dataclass(frozen=True)
-class TableSnapshot:
-    """One Delta table at one version (and day): the exact Parquet files that hold its rows."""
-
-    table: str
-    path: str
-    version: int
-    ds: str | None
-    files: tuple[str, ...]
-    rows: int
-
-    def lineage(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "path": self.path,
-            "version": self.version,
-            "ds": self.ds,
-            "rows": self.rows,
-            "files": list(self.files),
-        }
-
-
-@dataclass(frozen=True)
 class TrainingInputs:
     """Everything training needs from Spark; the rest is read from the snapshot files without Spark."""
 
@@ -491,57 +468,6 @@ class TrainingInputs:
             "edges": self.edges["version"],
             "entity_content": self.content.version if self.content else None,
         }
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
-
-
-def table_snapshot(spark, spec, warehouse: str, version: int | None, ds: dt.date | None) -> TableSnapshot:
-    """Resolve a table (at `version`, default latest; the `ds` partition) to its files; refuse deletion vectors."""
-    from pyspark.errors import AnalysisException
-    from pyspark.sql import functions as F
-
-    from jobs.common.delta import read_table, table_path, table_version
-
-    path = table_path(warehouse, spec)
-    frame = read_table(spark, spec, warehouse)  # one-line HirError when the table does not exist
-    latest = table_version(spark, spec, warehouse)
-    version = latest if version is None else version
-    if version > latest:
-        raise HirError(f"table {spec.name} has no version {version} (latest is {latest})")
-    try:
-        frame = read_table(spark, spec, warehouse, version)
-        if ds is not None:
-            frame = frame.where(F.col("ds") == F.lit(ds))
-        files = tuple(sorted(file_url(unquote(f)) for f in frame.inputFiles()))
-        kept = {
-            file_url(unquote(r[0])): int(r[1])
-            for r in frame.groupBy(F.col("_metadata.file_path")).count().collect()
-        }
-    except AnalysisException as err:
-        raise HirError(f"table {spec.name} version {version}: {_first_line(err)}") from None
-    check_no_deletion_vectors(spark, spec.name, path, version, files, kept)
-    return TableSnapshot(spec.name, path, version, str(ds) if ds else None, files, sum(kept.values()))
-
-
-def check_no_deletion_vectors(
-    spark, name: str, path: str, version: int, files: Sequence[str], kept: dict[str, int]
-) -> None:
-    """Raw Parquet reads see rows a deletion vector removed: refuse a table that enables them, and any file whose
-    Parquet row count differs from the rows the Delta snapshot keeps of it."""
-    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
-    if (detail["properties"] or {}).get("delta.enableDeletionVectors", "false").lower() == "true":
-        raise HirError(
-            f"table {name} enables deletion vectors (delta.enableDeletionVectors): training reads its Parquet "
-            f"files directly and would bring deleted rows back; disable them and run REORG TABLE ... APPLY (PURGE)"
-        )
-    for file, rows in zip(files, parquet_row_counts(files), strict=True):
-        if kept.get(file, 0) != rows:
-            raise HirError(
-                f"table {name} version {version}: {file} holds {rows} rows but the snapshot keeps "
-                f"{kept.get(file, 0)} (deletion vectors); run REORG TABLE ... APPLY (PURGE) first"
-            )
 
 
 def categories_of_items(
@@ -579,7 +505,7 @@ def categories_of_items(
             .toPandas()
         )
     except AnalysisException as err:
-        raise HirError(f"table edges version {version}: {_first_line(err)}") from None
+        raise HirError(f"table edges version {version}: {first_line(err)}") from None
     last_time = str(positives["last_time"].max()) if len(positives) else None
     bound = (dt.datetime.combine(ds, dt.time()) + _LATEST_OFFSET).isoformat()
     if last_time is not None and last_time >= bound:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from urllib.parse import urlparse
 
 import numpy as np
 import pandas as pd
@@ -71,9 +72,9 @@ def load_for_worker(model_dir: str, content_files: tuple[str, ...], device: str)
     model.encoder.eval()
     content = None
     if content_files and model.config.use_content and model.config.content_dim > 0:
-        table = pq.ParquetDataset([f.removeprefix("file:") for f in content_files]).read(
-            columns=["node_id", "vector"]
-        )
+        table = pq.ParquetDataset(
+            [urlparse(f).path if f.startswith("file:") else f for f in content_files]
+        ).read(columns=["node_id", "vector"])
         vectors = np.stack(table.column("vector").to_numpy(zero_copy_only=False)).astype(np.float32)
         content = ContentTable(table.column("node_id").to_numpy(), vectors)
     return model, content

@@ -8,10 +8,14 @@ Two jobs writing the same slice at once: Delta lets one commit, the other stops 
 
 from __future__ import annotations
 
+import datetime as dt
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -183,3 +187,80 @@ def sql_in(column: str, values: list) -> str:
         return "false"
     quoted = ", ".join("'" + str(v).replace("'", "''") + "'" for v in sorted(values))
     return f"{column} IN ({quoted})"
+
+
+# -- snapshots: a table at one version as its exact Parquet files (what training and embedding read) ----------
+
+
+@dataclass(frozen=True)
+class TableSnapshot:
+    """One Delta table at one version (and day): the exact Parquet files that hold its rows."""
+
+    table: str
+    path: str
+    version: int
+    ds: str | None
+    files: tuple[str, ...]
+    rows: int
+
+    def lineage(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "path": self.path,
+            "version": self.version,
+            "ds": self.ds,
+            "rows": self.rows,
+            "files": list(self.files),
+        }
+
+
+def first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def table_snapshot(spark, spec, warehouse: str, version: int | None, ds: dt.date | None) -> TableSnapshot:
+    """Resolve a table (at `version`, default latest; the `ds` partition) to its files; refuse deletion vectors."""
+    from pyspark.errors import AnalysisException
+
+    from hir_model.data import file_url
+
+    path = table_path(warehouse, spec)
+    frame = read_table(spark, spec, warehouse)  # one-line HirError when the table does not exist
+    latest = table_version(spark, spec, warehouse)
+    version = latest if version is None else version
+    if version > latest:
+        raise HirError(f"table {spec.name} has no version {version} (latest is {latest})")
+    try:
+        frame = read_table(spark, spec, warehouse, version)
+        if ds is not None:
+            frame = frame.where(F.col("ds") == F.lit(ds))
+        files = tuple(sorted(file_url(unquote(f)) for f in frame.inputFiles()))
+        kept = {
+            file_url(unquote(r[0])): int(r[1])
+            for r in frame.groupBy(F.col("_metadata.file_path")).count().collect()
+        }
+    except AnalysisException as err:
+        raise HirError(f"table {spec.name} version {version}: {first_line(err)}") from None
+    check_no_deletion_vectors(spark, spec.name, path, version, files, kept)
+    return TableSnapshot(spec.name, path, version, str(ds) if ds else None, files, sum(kept.values()))
+
+
+def check_no_deletion_vectors(
+    spark, name: str, path: str, version: int, files: Sequence[str], kept: dict[str, int]
+) -> None:
+    """Raw Parquet reads see rows a deletion vector removed: refuse a table that enables them, and any file whose
+    Parquet row count differs from the rows the Delta snapshot keeps of it."""
+    from hir_model.data import parquet_row_counts
+
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    if (detail["properties"] or {}).get("delta.enableDeletionVectors", "false").lower() == "true":
+        raise HirError(
+            f"table {name} enables deletion vectors (delta.enableDeletionVectors): training and embedding read "
+            f"its Parquet files directly and would bring deleted rows back; disable them and run REORG TABLE ... APPLY (PURGE)"
+        )
+    for file, rows in zip(files, parquet_row_counts(files), strict=True):
+        if kept.get(file, 0) != rows:
+            raise HirError(
+                f"table {name} version {version}: {file} holds {rows} rows but the snapshot keeps "
+                f"{kept.get(file, 0)} (deletion vectors); run REORG TABLE ... APPLY (PURGE) first"
+            )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,3 +200,26 @@ def test_collapsed_model_is_refused(day, tmp_path):
 
     assert config_from_args(["--ds", "2026-01-07", "--allow-collapsed"]).allow_collapsed is True
     assert config_from_args(["--ds", "2026-01-07"]).allow_collapsed is False
+
+
+def _model_like(day, folder: Path, **changes) -> Path:
+    """A copy of the fixture's model directory whose config.json says `changes` (weights are never reached)."""
+    import shutil
+
+    shutil.copytree(day[1], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model"].update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_rows_longer_than_the_model_and_missing_content_are_refused_before_spark_runs_it(
+    spark, day, tmp_path
+):
+    warehouse = day[0]
+    short = _model_like(day, tmp_path / "short", max_tokens=L - 1)
+    with pytest.raises(HirError, match=f"rows hold {L} tokens, model short takes at most {L - 1}"):
+        embed(spark, EmbedConfig(ds=DS, warehouse=str(warehouse), model=str(short)))
+    with_content = _model_like(day, tmp_path / "content", content_dim=4, use_content=True)
+    with pytest.raises(HirError, match="trained with content vectors but .* has no entity_content"):
+        embed(spark, EmbedConfig(ds=DS, warehouse=str(warehouse), model=str(with_content)))
