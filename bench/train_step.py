@@ -42,7 +42,7 @@ def main() -> None:
     import torch
 
     from hir_model.config import ModelConfig, TrainConfig
-    from hir_model.objective import mixed_negative_loss
+    from hir_model.objective import batch_loss
     from hir_model.synthetic import make_synthetic, synthetic_batches
     from hir_model.trainer import Trainer
 
@@ -76,17 +76,7 @@ def main() -> None:
     def plain(batch) -> None:
         student.train()
         users, items, negatives = student(batch.users), student(batch.items), student(batch.negatives)
-        loss = mixed_negative_loss(
-            users,
-            items,
-            negatives,
-            batch.positive_log_q,
-            batch.negative_log_q,
-            batch.in_batch_mask,
-            batch.negative_mask,
-            batch.weights,
-            model.retrieval_temp,
-        )
+        loss = batch_loss(batch, users, items, negatives, model.retrieval_temp)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

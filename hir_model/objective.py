@@ -18,9 +18,14 @@ Pure tensors; the batches come from hir_model.pairs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from hir_model.pairs import RetrievalBatch
 
 
 def mixed_negative_loss(
@@ -55,3 +60,20 @@ def mixed_negative_loss(
     losses = F.cross_entropy(logits, labels, reduction="none")
     weights = weights.to(losses.dtype)
     return (losses * weights).sum() / weights.sum().clamp_min(1e-12)
+
+
+def batch_loss(
+    batch: RetrievalBatch, users: Tensor, positives: Tensor, negatives: Tensor, temperature: float
+) -> Tensor:
+    """mixed_negative_loss of a RetrievalBatch's embeddings, with the batch's logQ, masks and weights."""
+    return mixed_negative_loss(
+        users,
+        positives,
+        negatives,
+        batch.positive_log_q,
+        batch.negative_log_q,
+        batch.in_batch_mask,
+        batch.negative_mask,
+        batch.weights,
+        temperature,
+    )

@@ -38,7 +38,7 @@ from hir_model.distillation import (
     update_center,
 )
 from hir_model.encoder import HIREncoder
-from hir_model.objective import mixed_negative_loss
+from hir_model.objective import batch_loss
 from hir_model.pairs import RetrievalBatch
 from hir_model.quantiser import ResidualQuantiser
 
@@ -130,17 +130,7 @@ class Trainer:
             if batch.negatives.batch_size
             else users.new_zeros(0, users.shape[1])
         )
-        retrieval = mixed_negative_loss(
-            users,
-            items,
-            negatives,
-            batch.positive_log_q,
-            batch.negative_log_q,
-            batch.in_batch_mask,
-            batch.negative_mask,
-            batch.weights,
-            cfg.retrieval_temp,
-        )
+        retrieval = batch_loss(batch, users, items, negatives, cfg.retrieval_temp)
         report: dict[str, Any] = {}
         distill = retrieval.new_zeros(())
         if cfg.distill_weight > 0:

@@ -24,11 +24,14 @@ from pyspark.sql import functions as F
 
 from hir_model.data import NEIGHBOURHOOD_COLUMNS, NeighbourhoodRows, arrow_columns
 from jobs.build_graph import GraphConfig, cap_degree, graph_edges, graph_nodes, node_id
-from jobs.common.delta import read_table, table_version
+from jobs.common.delta import read_table, table_path, table_version
 from jobs.common.errors import HirError
 from jobs.sample_neighbourhoods import SampleConfig, sample_neighbourhoods
 from schemas.codes import FUNNEL_STAGES
 from schemas.tables import ENTITIES, EVENTS
+
+_BUILT: dict[tuple, NextPeriod] = {}  # next_period's per-process memo
+_KEEP = 4
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,25 @@ def next_period(
     sample: SampleConfig,
     max_tokens: int,
 ) -> NextPeriod:
-    """Cut-off, the users' input rows before it and the positives after it (see the module docstring)."""
+    """Cut-off, the users' input rows before it and the positives after it (see the module docstring).
+
+    Kept per process for the same tables, versions and settings: an evaluation trains the model and its
+    ablations on one history, and builds these inputs once for all of them."""
+    key = (
+        table_path(warehouse, EVENTS),
+        table_version(spark, EVENTS, warehouse),
+        table_version(spark, ENTITIES, warehouse),
+        ds,
+        cutoff,
+        share,
+        tuple(sorted(positive_weights.items())),
+        (sample.k1, sample.k2, sample.user_k1, sample.seed, sample.salts),
+        max_tokens,
+    )
+    if key in _BUILT:
+        return _BUILT[key]
+    if len(_BUILT) >= _KEEP:
+        _BUILT.clear()
     graph = GraphConfig(ds=ds, warehouse=warehouse)
     events = window_events(spark, warehouse, ds, graph.lookback_days)
     rule = "given" if cutoff is not None else f"last {share:.0%} of the window's funnel events after it"
@@ -146,7 +167,7 @@ def next_period(
         "input_users": len(inputs),
         "positives_by_stage": {k: int(v) for k, v in sorted(by_stage.items())},
     }
-    return NextPeriod(
+    _BUILT[key] = NextPeriod(
         cutoff,
         inputs,
         positives["user"].to_numpy(dtype=np.int64),
@@ -154,3 +175,4 @@ def next_period(
         positives["weight"].to_numpy(dtype=np.float32),
         lineage,
     )
+    return _BUILT[key]

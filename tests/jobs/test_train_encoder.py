@@ -191,22 +191,12 @@ def tables(spark, tmp_path_factory):
             source="test",
             user_id=str(u),
             item_id=str(i),
-            funnel_stage="view",
-            event_time=at(8),
+            funnel_stage=stage,
+            event_time=at(hour),
             ds=DAY,
         )
-        for u, i in VIEWS
-    ] + [
-        spec_row(
-            EVENTS,
-            source="test",
-            user_id=str(u),
-            item_id=str(i),
-            funnel_stage="cart",
-            event_time=at(20),
-            ds=DAY,
-        )
-        for u, i in CONVERSIONS
+        for pairs, stage, hour in ((VIEWS, "view", 8), (CONVERSIONS, "cart", 20))
+        for u, i in pairs
     ]
     write_table(spark.createDataFrame(events, EVENTS.schema), EVENTS, warehouse, None)
     entities = [
