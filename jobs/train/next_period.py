@@ -14,6 +14,7 @@ up to the day's end are read: nothing after ds reaches training.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -133,16 +134,8 @@ def next_period(
     sampled = sample_neighbourhoods(
         nodes,
         cap_degree(edges, input_graph),
-        SampleConfig(
-            ds=input_day,
-            warehouse=warehouse,
-            node_types=("user",),
-            k1=sample.k1,
-            k2=sample.k2,
-            user_k1=sample.user_k1,
-            max_tokens=max_tokens,
-            seed=sample.seed,
-            salts=sample.salts,
+        dataclasses.replace(
+            sample, ds=input_day, warehouse=warehouse, node_types=("user",), max_tokens=max_tokens
         ),
     )
     inputs = NeighbourhoodRows.from_columns(arrow_columns(sampled.toArrow(), NEIGHBOURHOOD_COLUMNS))
