@@ -27,6 +27,7 @@ from hir_model.data import NEIGHBOURHOOD_COLUMNS, NeighbourhoodRows, arrow_colum
 from jobs.build_graph import GraphConfig, cap_degree, graph_edges, graph_nodes, node_id
 from jobs.common.delta import read_table, table_path, table_version
 from jobs.common.errors import HirError
+from jobs.eval.split import stage_weight
 from jobs.sample_neighbourhoods import SampleConfig, sample_neighbourhoods
 from schemas.codes import FUNNEL_STAGES
 from schemas.tables import ENTITIES, EVENTS
@@ -76,13 +77,6 @@ def auto_cutoff(events: DataFrame, share: float) -> dt.datetime:
     if not quantile:
         raise HirError("no funnel events in the day's window: nothing to train on")
     return dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(quantile[0]))
-
-
-def stage_weight(stages: Mapping[str, float]):
-    weight = F.lit(None).cast("double")
-    for stage, value in stages.items():
-        weight = F.when(F.col("funnel_stage") == stage, F.lit(float(value))).otherwise(weight)
-    return weight
 
 
 def next_period(
