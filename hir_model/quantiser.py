@@ -1,7 +1,10 @@
 """Bag-of-Meaning tokens: residual k-means over embeddings, coarse (level 0) to fine.
 
 Level 0 clusters the embeddings; level l clusters what levels < l left unexplained (the residual). An entity's
-exact path is its hard code per level; its bag is the top-n codes per level with soft weights.
+exact path is its hard code per level; its bag is the top-n codes per level with soft weights. The weights' softmax
+temperature is calibrated per level at fit time (the median gap between a point's nearest and second-nearest
+centroid), so a typical entity weighs its own code e times its runner-up, a borderline one near evenly, and a
+bag's weights say how firmly the entity sits in each token: affinity, not a fixed near-uniform split.
 Metrics say whether the codebooks are healthy: usage, entropy, collision rate of full paths, and purity against
 known labels (planted clusters, categories).
 """
@@ -15,6 +18,8 @@ import torch
 from torch import Tensor
 
 _CHUNK_ROWS = 65_536  # distance matrices are computed in row chunks: 65k x 256 floats = 64 MB
+# Temperature of a quantiser saved before calibration existed (its state has no temperatures): 0.1 on unit vectors.
+LEGACY_TEMPERATURE = 0.1
 
 
 def squared_distances(points: Tensor, centroids: Tensor) -> Tensor:
@@ -80,6 +85,7 @@ class ResidualQuantiser:
         self.iters = iters  # Lloyd converges in tens of iterations on unit vectors; 25 is enough for codes
         self.seed = seed
         self.codebooks: Tensor | None = None  # (levels, K, D)
+        self.temperatures: Tensor | None = None  # (levels,) calibrated at fit; None: LEGACY_TEMPERATURE
 
     def _require_fit(self) -> Tensor:
         if self.codebooks is None:
@@ -94,31 +100,43 @@ class ResidualQuantiser:
             )
         generator = torch.Generator().manual_seed(self.seed)
         residual = embeddings.detach().float()
-        codebooks = []
+        codebooks, temperatures = [], []
         for _ in range(self.levels):
             centroids, assign = kmeans(residual, self.codes_per_level, self.iters, generator)
             codebooks.append(centroids)
+            temperatures.append(calibrated_temperature(residual, centroids))
             residual = residual - centroids[assign]
         self.codebooks = torch.stack(codebooks)
+        self.temperatures = torch.tensor(temperatures, dtype=torch.float32)
         return self
 
     def encode(self, embeddings: Tensor) -> Tensor:
         """Hard codes (N, levels): each entity's exact path."""
         return self.bag(embeddings, top_n=1)[0][:, :, 0]
 
-    def bag(self, embeddings: Tensor, top_n: int = 3, temperature: float = 0.1) -> tuple[Tensor, Tensor]:
+    def level_temperatures(self, temperature: float | None = None) -> list[float]:
+        """The softmax temperature of each level: `temperature` when given, else the calibrated ones."""
+        if temperature is not None:
+            return [float(temperature)] * self.levels
+        if self.temperatures is None:
+            return [LEGACY_TEMPERATURE] * self.levels
+        return [float(t) for t in self.temperatures]
+
+    def bag(
+        self, embeddings: Tensor, top_n: int = 3, temperature: float | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Top-n codes per level and their weights, each (N, levels, top_n); weights sum to 1 per level.
 
         Weights: softmax of -squared distance / temperature between the level's residual and its codebook,
         restricted to the top-n codes and renormalised. Code [:, :, 0] is the hard code; the residual for the next
-        level follows the hard path. temperature 0.1 suits unit-norm embeddings (squared distances within [0, 4]).
+        level follows the hard path. temperature None: each level's calibrated one (see calibrated_temperature).
         """
         codebooks = self._require_fit().to(embeddings.device)
         top_n = min(top_n, self.codes_per_level)
         residual = embeddings.detach().float()
         codes, weights = [], []
-        for centroids in codebooks:
-            logits = -squared_distances(residual, centroids) / temperature  # (N, K)
+        for centroids, level_temperature in zip(codebooks, self.level_temperatures(temperature), strict=True):
+            logits = -squared_distances(residual, centroids) / level_temperature  # (N, K)
             top_logits, top_codes = logits.topk(top_n, dim=1)  # sorted, strongest first
             codes.append(top_codes)
             weights.append(torch.softmax(top_logits, dim=1))
@@ -131,13 +149,16 @@ class ResidualQuantiser:
         return sum(codebooks[level][codes[:, level]] for level in range(self.levels))
 
     def state_dict(self) -> dict[str, Tensor | int]:
-        return {
+        state = {
             "codebooks": self._require_fit().cpu(),
             "levels": self.levels,
             "codes_per_level": self.codes_per_level,
             "iters": self.iters,
             "seed": self.seed,
         }
+        if self.temperatures is not None:
+            state["temperatures"] = self.temperatures.cpu()
+        return state
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Tensor | int]) -> ResidualQuantiser:
@@ -149,6 +170,11 @@ class ResidualQuantiser:
         if not isinstance(codebooks, Tensor) or codebooks.ndim != 3 or tuple(codebooks.shape[:2]) != expected:
             raise ValueError(f"quantiser codebooks must have shape {expected} + (D,)")
         quantiser.codebooks = codebooks.float()
+        temperatures = state.get("temperatures")
+        if temperatures is not None:
+            if not isinstance(temperatures, Tensor) or tuple(temperatures.shape) != (quantiser.levels,):
+                raise ValueError(f"quantiser temperatures must have shape ({quantiser.levels},)")
+            quantiser.temperatures = temperatures.float()
         return quantiser
 
     def save(self, path: str | Path) -> None:
@@ -157,6 +183,19 @@ class ResidualQuantiser:
     @classmethod
     def load(cls, path: str | Path) -> ResidualQuantiser:
         return cls.from_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def calibrated_temperature(points: Tensor, centroids: Tensor) -> float:
+    """The median over points of (squared distance to the second-nearest centroid - to the nearest one).
+
+    At this temperature the median point's nearest code outweighs its runner-up by a factor e: weights spread
+    where points sit between codes and concentrate where they sit on one, at any embedding scale or level (residuals
+    shrink level by level, so one fixed temperature would make fine levels uniform). Floored at 1e-6 for
+    degenerate data (every point on a centroid)."""
+    if points.shape[0] == 0 or centroids.shape[0] < 2:
+        return LEGACY_TEMPERATURE
+    nearest = squared_distances(points, centroids).topk(2, dim=1, largest=False).values  # (N, 2)
+    return max(float((nearest[:, 1] - nearest[:, 0]).median()), 1e-6)
 
 
 def code_usage(codes: Tensor, codes_per_level: int) -> list[float]:

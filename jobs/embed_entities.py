@@ -12,6 +12,7 @@ version and the Delta versions read.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import sys
@@ -42,7 +43,7 @@ class EmbedConfig:
     device: str = "auto"
     precision: str = "auto"
     top_n: int = 3
-    temperature: float = 0.1
+    temperature: float | None = None  # None: the quantiser's calibrated per-level temperatures
     label_terms: int = 3
     allow_collapsed: bool = False
 
@@ -90,10 +91,11 @@ def build_parser() -> JobArgumentParser:
     )
     p.add_argument(
         "--temperature",
-        type=float,
-        default=0.1,
-        help="Softmax temperature of the soft assignment; 0.1 on unit vectors separates near ties without making "
-        "every bag one-hot.",
+        type=parse_temperature,
+        default=None,
+        help="Softmax temperature of the bags' soft assignment. Default auto: each level's temperature calibrated "
+        "when the quantiser was fitted (median gap between nearest and second-nearest code), so a bag's weights "
+        "carry how firmly the entity sits in each token; a number fixes one temperature for every level.",
     )
     p.add_argument(
         "--allow-collapsed",
@@ -105,7 +107,7 @@ def build_parser() -> JobArgumentParser:
 
 def config_from_args(argv: Sequence[str] | None) -> EmbedConfig:
     a = build_parser().parse_args(argv)
-    if a.batch_size <= 0 or a.arrow_batch_size <= 0 or a.top_n <= 0 or a.temperature <= 0:
+    if a.batch_size <= 0 or a.arrow_batch_size <= 0 or a.top_n <= 0 or (a.temperature or 1) <= 0:
         raise HirError("--batch-size, --arrow-batch-size, --top-n and --temperature must be positive")
     return EmbedConfig(
         ds=a.ds,
@@ -119,6 +121,15 @@ def config_from_args(argv: Sequence[str] | None) -> EmbedConfig:
         temperature=a.temperature,
         allow_collapsed=a.allow_collapsed,
     )
+
+
+def parse_temperature(value: str) -> float | None:
+    if value == "auto":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--temperature must be auto or a number, got '{value}'") from None
 
 
 def resolve_model_dir(warehouse: str, model: str | None) -> Path:

@@ -20,7 +20,12 @@ validation split cut from the history), `category_popularity`, `content_only`. M
 @ 10/20/50/100 with bootstrap 95% CIs over users, on slices `all`, `no_prior_conversion` (users without a cart
 or purchase in their history), `new_interest` (targets the user never interacted with) and `repeat`.
 
-Writes `eval_metrics` (replacing this dataset's and protocol's rows of the day) in the warehouse, and a report
+The ranking task (`--task ranking`, or `both`, the default) then trains LightGBM lambdarank rankers with and
+without HIR's embedding and Bag-of-Meaning features over the union of the generators' top lists, on user-disjoint
+folds, and reports each ranker's NDCG/Recall/AUC and the paired lift of the HIR rankers over `base`
+(jobs.eval.ranking, jobs.eval.features).
+
+Writes `eval_metrics` (replacing this dataset's and protocol's rows of the day, of the tasks run) in the warehouse, and a report
 (`<warehouse>/reports/<protocol>/<ds>/report.md` with SVG plots), and prints a table of @50 results.
 """
 
@@ -48,6 +53,7 @@ from jobs.common.errors import HirError
 from jobs.common.spark import get_spark
 from jobs.common.stage import StageLog
 from jobs.eval import baselines as bl
+from jobs.eval.features import BASE_GENERATORS as RANKING_BASE_GENERATORS
 from jobs.eval.metrics import DEFAULT_KS, per_user_metrics, summarise
 from jobs.eval.split import PROTOCOLS, Split, last_conversion_split, temporal_split
 from schemas.tables import (
@@ -71,6 +77,9 @@ BASELINES = ("popularity", "co_visitation", "als", "category_popularity", "conte
 METHODS = (*HIR_VARIANTS, *BASELINES)
 CANDIDATE_SETS = ("graph", "catalog")
 SLICES = ("all", "no_prior_conversion", "new_interest", "repeat")
+TASKS = ("retrieval", "ranking")
+# Each generator's top 50 joins the ranking candidates: 5 generators, up to 250 per user.
+RANKING_CANDIDATES = 50
 STAGES_WITH_ARGS = ("build-graph", "sample-neighbourhoods", "enrich", "train", "embed", "build-index")
 TUNE_K = 50  # ALS is tuned on NDCG@50, the headline metric of the report
 
@@ -87,6 +96,8 @@ class EvalConfig:
     seed: int = 0
     stage_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
     report_dir: str | None = None
+    tasks: tuple[str, ...] = TASKS
+    ranking_candidates: int = RANKING_CANDIDATES
     als_grid: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(bl.ALS_GRID))
 
     @property
@@ -222,6 +233,21 @@ def build_parser() -> JobArgumentParser:
         help="ALS grid searched on the validation split cut from the history (never the targets). Default: ranks "
         "16/64, regParam 0.01/0.1, alpha 1/10 (the ranges of Hu et al. 2008 and Spark's defaults).",
     )
+    p.add_argument(
+        "--task",
+        choices=("retrieval", "ranking", "both"),
+        default="both",
+        help="retrieval: each method's own top K against the targets; ranking: LightGBM lambdarank rankers with "
+        "and without HIR's embedding and token features over the union of the generators' top lists, on "
+        "user-disjoint folds (jobs.eval.ranking); both (default). Each task replaces only its own rows.",
+    )
+    p.add_argument(
+        "--ranking-candidates",
+        type=int,
+        default=RANKING_CANDIDATES,
+        help="Ranking task: each generator's top N joins the candidates (co-visitation, ALS, popularity, "
+        "category popularity, HIR). Default 50: a retrieval stage's usual list per source.",
+    )
     p.add_argument("--report-dir", help="Report folder. Default <warehouse>/reports/<protocol>/<ds>.")
     return p
 
@@ -246,6 +272,15 @@ def config_from_args(argv: Sequence[str] | None) -> EvalConfig:
         raise HirError("--ks must be positive integers")
     if a.bootstrap < 1:
         raise HirError("--bootstrap must be at least 1")
+    tasks = TASKS if a.task == "both" else (a.task,)
+    if "ranking" in tasks:
+        if a.ranking_candidates < 1:
+            raise HirError("--ranking-candidates must be at least 1")
+        if "hir" not in methods or not set(methods) & set(RANKING_BASE_GENERATORS):
+            raise HirError(
+                "--task ranking needs hir and at least one of "
+                f"{', '.join(RANKING_BASE_GENERATORS)} in --methods (its candidates and base features)"
+            )
     if not Path(a.warehouse).is_dir():
         raise HirError(f"warehouse not found: {a.warehouse}")
     cfg = EvalConfig(
@@ -259,6 +294,8 @@ def config_from_args(argv: Sequence[str] | None) -> EvalConfig:
         seed=a.seed,
         stage_args=parse_stage_args(a.stage_args),
         report_dir=a.report_dir,
+        tasks=tasks,
+        ranking_candidates=a.ranking_candidates,
         als_grid=parse_als_grid(a.als_grid),
     )
     if "'" in cfg.name:  # it is quoted into eval_metrics' replaceWhere: refuse before any work, not after
@@ -451,21 +488,40 @@ def slice_targets(data: EvalData, candidates: str, slice_: str) -> dict[int, set
 # -- rankings ----------------------------------------------------------------------------------------------------
 
 
-def collect_ranking(ranking: DataFrame) -> dict[int, np.ndarray]:
-    pdf = ranking.select("user", "item", "rank").toPandas().sort_values(["user", "rank"])
-    return {int(u): g["item"].to_numpy(np.int64) for u, g in pdf.groupby("user", sort=False)}
+@dataclass(frozen=True)
+class TopK:
+    """One method's top k per user over one candidate set: item ids best first, and the scores it ranked by
+    (the ranking task's generator features)."""
+
+    items: dict[int, np.ndarray] = field(default_factory=dict)
+    scores: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def collect_ranking(ranking: DataFrame) -> TopK:
+    pdf = ranking.select("user", "item", "rank", "score").toPandas().sort_values(["user", "rank"])
+    groups = [(int(u), g) for u, g in pdf.groupby("user", sort=False)]
+    return TopK(
+        {u: g["item"].to_numpy(np.int64) for u, g in groups},
+        {u: g["score"].to_numpy(np.float64) for u, g in groups},
+    )
 
 
 def exact_top_k(
     user_ids: np.ndarray, user_vectors: np.ndarray, item_ids: np.ndarray, item_vectors: np.ndarray, k: int
-) -> dict[int, np.ndarray]:
+) -> TopK:
     """Exact inner-product top k (FAISS flat): the reference search for the ablations and content-only."""
     import faiss
 
     index = faiss.IndexFlatIP(item_vectors.shape[1])
     index.add(np.ascontiguousarray(item_vectors, dtype=np.float32))
-    _, positions = index.search(np.ascontiguousarray(user_vectors, dtype=np.float32), min(k, len(item_ids)))
-    return {int(u): item_ids[row[row >= 0]] for u, row in zip(user_ids.tolist(), positions, strict=True)}
+    scores, positions = index.search(
+        np.ascontiguousarray(user_vectors, dtype=np.float32), min(k, len(item_ids))
+    )
+    out = TopK()
+    for user, row, score in zip(user_ids.tolist(), positions, scores, strict=True):
+        out.items[int(user)] = item_ids[row[row >= 0]]
+        out.scores[int(user)] = score[row >= 0].astype(np.float64)
+    return out
 
 
 def vectors_of(pdf: pd.DataFrame, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -496,12 +552,9 @@ def variant_embeddings(spark: SparkSession, cfg: EvalConfig, ds: dt.date, model_
     )
 
 
-def hir_rankings(
-    spark, cfg: EvalConfig, data: EvalData, ds: dt.date, k: int, context: dict
-) -> dict[str, dict[int, np.ndarray]]:
-    """The full model's published embeddings ranked by the same exact search as its ablations; the published item
-    index is checked against it separately (context["hir_index_recall"]: its share of the exact catalog top k)."""
-    from jobs.index.reader import NO_ID, open_index
+def published_embeddings(spark: SparkSession, cfg: EvalConfig, ds: dt.date):
+    """(index reader, the embeddings it was built from: node_id, node_type, vector) of the full model."""
+    from jobs.index.reader import open_index
 
     reader = open_index(cfg.history_warehouse, "item", str(ds))
     version = reader.manifest.get("source", {}).get("delta_version")
@@ -509,14 +562,25 @@ def hir_rankings(
         read_table(spark, EMBEDDINGS, cfg.history_warehouse, version)
         .where((F.col("ds") == F.lit(ds)) & (F.col("model_version") == reader.manifest["model_version"]))
         .select("node_id", F.col("entity_type").alias("node_type"), "vector")
-        .toPandas()
     )
+    return reader, published
+
+
+def hir_rankings(
+    spark, cfg: EvalConfig, data: EvalData, ds: dt.date, k: int, context: dict
+) -> dict[str, TopK]:
+    """The full model's published embeddings ranked by the same exact search as its ablations; the published item
+    index is checked against it separately (context["hir_index_recall"]: its share of the exact catalog top k)."""
+    from jobs.index.reader import NO_ID
+
+    reader, published = published_embeddings(spark, cfg, ds)
+    published = published.where(F.col("node_type").isin("user", "item")).toPandas()
     found, matrix = vectors_of(published[published["node_type"] == "user"], data.users)
     exact = embedding_rankings(found, matrix, published[published["node_type"] == "item"], data, k)
     _, node_ids, _ = reader.search(matrix, k, allowed=data.catalog_items)
     shares = [
-        len(set(row[row != NO_ID].tolist()) & set(exact["catalog"][int(u)].tolist()))
-        / max(len(exact["catalog"][int(u)]), 1)
+        len(set(row[row != NO_ID].tolist()) & set(exact["catalog"].items[int(u)].tolist()))
+        / max(len(exact["catalog"].items[int(u)]), 1)
         for u, row in zip(found.tolist(), node_ids, strict=True)
     ]
     context["hir_index_recall"] = (k, float(np.mean(shares)) if shares else float("nan"))
@@ -525,20 +589,18 @@ def hir_rankings(
 
 def embedding_rankings(
     user_ids: np.ndarray, user_matrix: np.ndarray, items_pdf: pd.DataFrame, data: EvalData, k: int
-) -> dict[str, dict[int, np.ndarray]]:
+) -> dict[str, TopK]:
     """Exact top k of the users' vectors over each candidate set's item vectors."""
     out = {}
     for candidates, pool in (("graph", data.graph_items), ("catalog", data.catalog_items)):
         item_ids, item_matrix = vectors_of(items_pdf, pool)
         out[candidates] = (
-            exact_top_k(user_ids, user_matrix, item_ids, item_matrix, k) if len(item_ids) else {}
+            exact_top_k(user_ids, user_matrix, item_ids, item_matrix, k) if len(item_ids) else TopK()
         )
     return out
 
 
-def content_rankings(
-    spark, cfg: EvalConfig, ui: DataFrame, data: EvalData, k: int
-) -> dict[str, dict[int, np.ndarray]]:
+def content_rankings(spark, cfg: EvalConfig, ui: DataFrame, data: EvalData, k: int) -> dict[str, TopK]:
     content = (
         read_table(spark, ENTITY_CONTENT, cfg.history_warehouse)
         .where("node_type = 'item'")
@@ -558,7 +620,7 @@ def content_rankings(
 
 def spark_rankings(
     spark, cfg: EvalConfig, split: Split, ui: DataFrame, data: EvalData, methods, k: int, context: dict
-) -> dict[str, dict[str, dict[int, np.ndarray]]]:
+) -> dict[str, dict[str, TopK]]:
     """The Spark baselines, each over both candidate sets."""
     users = spark.createDataFrame(pd.DataFrame({"user": data.users}))
     pools = {
@@ -568,7 +630,7 @@ def spark_rankings(
     attributes = split.catalog.where(F.col("entity_type") == "item").select(
         bl.item_node("entity_id").alias("item"), F.col("category_id").alias("category"), F.col("brand")
     )
-    out: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    out: dict[str, dict[str, TopK]] = {}
     if "popularity" in methods:
         out["popularity"] = {
             c: collect_ranking(bl.popularity(ui, users, pool, k)) for c, pool in pools.items()
@@ -607,7 +669,7 @@ def tune_als_on_history(spark, cfg: EvalConfig, split: Split, graph_pool: DataFr
     val_users = spark.createDataFrame(pd.DataFrame({"user": np.array(sorted(truth), dtype=np.int64)}))
 
     def score(ranking: DataFrame) -> float:
-        metrics = per_user_metrics(collect_ranking(ranking), truth, ks=(TUNE_K,))
+        metrics = per_user_metrics(collect_ranking(ranking).items, truth, ks=(TUNE_K,))
         values = metrics.values[f"ndcg@{TUNE_K}"]
         return float(values.mean()) if len(values) else float("nan")
 
@@ -616,12 +678,128 @@ def tune_als_on_history(spark, cfg: EvalConfig, split: Split, graph_pool: DataFr
     return bl.tune_als(train_ui, val_users, graph_pool, score, k, grid=cfg.als_grid)
 
 
+# -- the ranking task --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RankingOutcome:
+    rows: list[dict]
+    importance: dict[str, dict[str, float]]  # ranker -> feature group -> share of gain
+    context: dict[str, object]
+
+
+def ranking_task(
+    spark: SparkSession,
+    cfg: EvalConfig,
+    split: Split,
+    ui: DataFrame,
+    data: EvalData,
+    rankings: dict[str, dict[str, TopK]],
+    ds: dt.date,
+) -> RankingOutcome:
+    """Rankers with and without HIR's features over the union of the generators' catalog top lists
+    (jobs.eval.ranking); features from the history and the history pipeline's tables (jobs.eval.features)."""
+    from jobs.eval import features as fx
+    from jobs.eval import ranking as rk
+
+    generators = [g for g in fx.GENERATORS if g in rankings]
+    reader, published = published_embeddings(spark, cfg, ds)
+    tokens = read_table(spark, BOM_TOKENS, cfg.history_warehouse).where(
+        (F.col("ds") == F.lit(ds)) & (F.col("model_version") == reader.manifest["model_version"])
+    )
+
+    def vectors_for(ids: np.ndarray) -> dict[int, np.ndarray]:
+        wanted = spark.createDataFrame(pd.DataFrame({"node_id": ids}))
+        pdf = published.join(wanted, "node_id", "left_semi").toPandas()
+        return {
+            int(n): np.asarray(v, np.float32)
+            for n, v in zip(pdf["node_id"].tolist(), pdf["vector"].tolist(), strict=True)
+        }
+
+    frame, groups, attributes = fx.ranking_frame(
+        spark,
+        {g: (rankings[g]["catalog"].items, rankings[g]["catalog"].scores) for g in generators},
+        data.users,
+        data.targets,
+        cfg.ranking_candidates,
+        history=split.history,
+        ui=ui,
+        catalog=split.catalog,
+        tokens=tokens,
+        vectors_for=vectors_for,
+    )
+    folds_of = rk.user_folds(data.users.tolist(), rk.FOLDS, cfg.seed)
+    runs = {
+        name: rk.fit_ranker(
+            frame, name, [f for g in ranker_groups for f in groups[g]], folds_of, seed=cfg.seed
+        )
+        for name, ranker_groups in rk.RANKERS.items()
+    }
+    truth_by_slice = {s: slice_targets(data, "catalog", s) for s in SLICES}
+    rows = rk.ranking_rows(
+        frame,
+        runs,
+        truth_by_slice,
+        ks=cfg.ks,
+        per_generator=cfg.ranking_candidates,
+        samples=cfg.bootstrap,
+        seed=cfg.seed,
+    )
+    purity = level0_purity(tokens, attributes)
+    if purity is not None:
+        rows.append(
+            {
+                "task": "ranking",
+                "method": "hir_tokens",
+                "candidates": "union",
+                "slice": "all",
+                "metric": "level0_purity",
+                "k": 0,
+                "value": purity[0],
+                "ci_low": float("nan"),
+                "ci_high": float("nan"),
+                "num_users": 0,
+            }
+        )
+    sizes = frame.groupby("user").size()
+    context = {
+        "generators": ", ".join(generators),
+        "candidates per user (mean, max)": f"{sizes.mean():.1f}, {int(sizes.max())}",
+        "candidate rows, with a target": f"{len(frame)}, {int(frame['label'].sum())}",
+        "folds (users each)": f"{rk.FOLDS} ({', '.join(str(len(p.test_users)) for p in runs['base'].plans)})",
+        "boosting rounds kept per fold": "; ".join(f"{n} {run.rounds}" for n, run in runs.items()),
+        "features": f"{sum(len(v) for v in groups.values())} in {len(groups)} groups",
+    }
+    if purity is not None:
+        context["level-0 token purity against categories (items)"] = f"{purity[0]:.3f} over {purity[1]} items"
+    importance = {name: rk.group_importance(run, groups) for name, run in runs.items()}
+    return RankingOutcome(rows, importance, context)
+
+
+def level0_purity(tokens: DataFrame, attributes: DataFrame) -> tuple[float, int] | None:
+    """(share of items whose category is the majority category of their level-0 token, items), or None."""
+    from hir_model.quantiser import purity
+
+    pairs = (
+        tokens.where((F.col("entity_type") == "item") & (F.col("bom_level") == 0) & (F.col("rank") == 1))
+        .select(F.col("node_id").alias("item"), "token")
+        .join(attributes.where(F.col("category").isNotNull()), "item")
+        .select("token", "category")
+        .toPandas()
+    )
+    if pairs.empty:
+        return None
+    import torch
+
+    codes = torch.as_tensor(pd.factorize(pairs["token"])[0])
+    labels = torch.as_tensor(pd.factorize(pairs["category"])[0])
+    return purity(codes, labels), len(pairs)
+
+
 # -- the job -----------------------------------------------------------------------------------------------------
 
 
-def metric_rows(
-    rankings: dict[str, dict[str, dict[int, np.ndarray]]], data: EvalData, cfg: EvalConfig
-) -> list[dict]:
+def metric_rows(rankings: dict[str, dict[str, TopK]], data: EvalData, cfg: EvalConfig) -> list[dict]:
     rows = []
     for candidates in CANDIDATE_SETS:
         for slice_ in SLICES:
@@ -629,7 +807,7 @@ def metric_rows(
             if not truth:
                 continue
             for method, by_pool in rankings.items():
-                per_user = per_user_metrics(by_pool.get(candidates, {}), truth, ks=cfg.ks)
+                per_user = per_user_metrics(by_pool.get(candidates, TopK()).items, truth, ks=cfg.ks)
                 for row in summarise(per_user, samples=cfg.bootstrap, seed=cfg.seed):
                     rows.append({"method": method, "candidates": candidates, "slice": slice_, **row})
     return rows
@@ -667,7 +845,7 @@ def token_usage(
 
 
 def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
-    from jobs.eval.report import console_table, write_report
+    from jobs.eval.report import RankingSection, console_table, ranking_console, write_report
 
     started = time.perf_counter()
     log = StageLog("evaluate", {"dataset": cfg.name, "protocol": cfg.protocol})
@@ -682,7 +860,7 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
         raise HirError(f"{cfg.protocol}: no user has both history and a deep-funnel target")
     k = max(cfg.ks)
     context: dict = {}
-    rankings: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    rankings: dict[str, dict[str, TopK]] = {}
     timings = dict(built["timings"])
     for name in variants:
         t0 = time.perf_counter()
@@ -703,9 +881,15 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
     rankings = {m: rankings[m] for m in METHODS if m in rankings}
 
     model_version = built["models"]["hir"].version if "hir" in built["models"] else ""
+    retrieval = metric_rows(rankings, data, cfg) if "retrieval" in cfg.tasks else []
+    ranking = None
+    if "ranking" in cfg.tasks:
+        t0 = time.perf_counter()
+        ranking = ranking_task(spark, cfg, split, ui, data, rankings, ds)
+        timings["ranking task"] = round(time.perf_counter() - t0, 1)
+    rows = [{"task": "retrieval", **row} for row in retrieval] + (ranking.rows if ranking else [])
     rows = [
-        {"dataset": cfg.name, "protocol": cfg.protocol, "model_version": model_version, **row}
-        for row in metric_rows(rankings, data, cfg)
+        {**row, "dataset": cfg.name, "protocol": cfg.protocol, "model_version": model_version} for row in rows
     ]
     version = write_metrics(spark, cfg, ds, rows)
     targets_total = sum(len(t) for t in data.targets.values())
@@ -754,17 +938,25 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
     )
     path = write_report(
         folder,
-        rows,
+        [r for r in rows if r["task"] == "retrieval"],
         title=f"HIR deep-funnel evaluation: {cfg.name} ({cfg.protocol})",
         context=ctx,
         notes=notes,
+        ranking=(
+            RankingSection([r for r in rows if r["task"] == "ranking"], ranking.importance, ranking.context)
+            if ranking
+            else None
+        ),
         token_usage=token_usage(
             spark, cfg, ds, int(built["models"]["hir"].summary["quantiser"]["codes_per_level"])
         )
         if "hir" in rankings
         else None,
     )
-    print(console_table(rows, k=50))
+    if retrieval:
+        print(console_table([r for r in rows if r["task"] == "retrieval"], k=50))
+    if ranking:
+        print(ranking_console([r for r in rows if r["task"] == "ranking"]))
     report = EvalReport(
         cfg.name,
         cfg.protocol,
@@ -786,13 +978,16 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
 
 
 def write_metrics(spark: SparkSession, cfg: EvalConfig, ds: dt.date, rows: list[dict]) -> int:
-    """Replace this dataset's and protocol's rows of the day in `eval_metrics`."""
+    """Replace this dataset's and protocol's rows of the day in `eval_metrics`, of the tasks that ran (a row
+    without a task predates tasks and is a retrieval row)."""
     pdf = pd.DataFrame(rows, columns=[c for c in EVAL_METRICS.columns if c != "ds"])
     pdf["k"] = pdf["k"].astype("int32")
     pdf["num_users"] = pdf["num_users"].astype("int64")
     frame = spark.createDataFrame(pdf, StructType([f for f in EVAL_METRICS.schema.fields if f.name != "ds"]))
     frame = frame.withColumn("ds", F.lit(ds))
-    where = f"ds = DATE'{ds}' AND dataset = '{cfg.name}' AND protocol = '{cfg.protocol}'"
+    tasks = ", ".join(f"'{t}'" for t in cfg.tasks)
+    task = f"(task IN ({tasks}){' OR task IS NULL' if 'retrieval' in cfg.tasks else ''})"
+    where = f"ds = DATE'{ds}' AND dataset = '{cfg.name}' AND protocol = '{cfg.protocol}' AND {task}"
     return write_table(frame, EVAL_METRICS, cfg.warehouse, where)
 
 

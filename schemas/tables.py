@@ -405,17 +405,35 @@ BOM_VOCAB = TableSpec(
 
 EVAL_METRICS = TableSpec(
     name="eval_metrics",
-    doc="Deep-funnel retrieval metrics per method, slice, candidate set and K, with bootstrap CIs.",
+    doc="Deep-funnel metrics per task, method, slice, candidate set and K, with bootstrap CIs.",
     schema=StructType(
         [
+            _col(
+                "task",
+                StringType(),
+                "retrieval (each method's own top K) or ranking (learning-to-rank over the candidate union); "
+                "NULL on rows written before tasks existed, which are retrieval rows.",
+            ),
             _col("dataset", StringType(), "Dataset name.", False),
             _col("protocol", StringType(), "temporal or leave_last_conversion_out.", False),
             _col("model_version", StringType(), "HIR model version evaluated."),
-            _col("method", StringType(), "hir, an ablation or a baseline name.", False),
-            _col("candidates", StringType(), "graph or catalog.", False),
+            _col(
+                "method",
+                StringType(),
+                "retrieval: hir, an ablation or a baseline; ranking: a ranker (base, base+hir_embedding, "
+                "base+hir_tokens, base+hir), candidate_union (the candidates' own recall) or hir_tokens.",
+                False,
+            ),
+            _col("candidates", StringType(), "graph, catalog, or union (the ranking task's candidates).", False),
             _col("slice", StringType(), "User/target slice.", False),
-            _col("metric", StringType(), "recall, ndcg or hit_rate.", False),
-            _col("k", IntegerType(), "Cut-off K.", False),
+            _col(
+                "metric",
+                StringType(),
+                "recall, ndcg, hit_rate; ranking also auc, ndcg_lift and recall_lift (a ranker minus base, "
+                "paired over users) and level0_purity (hir_tokens: items' level-0 token against categories).",
+                False,
+            ),
+            _col("k", IntegerType(), "Cut-off K (0 where a metric has none: auc, level0_purity).", False),
             _col("value", DoubleType(), "Metric value.", False),
             _col("ci_low", DoubleType(), "Bootstrap 95% CI lower bound."),
             _col("ci_high", DoubleType(), "Bootstrap 95% CI upper bound."),

@@ -38,7 +38,7 @@ class EmbedSpec:
     device: str = "auto"  # auto: the task's GPU, else any CUDA device, else CPU
     precision: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     top_n: int = 3
-    temperature: float = 0.1
+    temperature: float | None = None  # None: the quantiser's calibrated per-level temperatures
 
 
 def choose_device(requested: str):

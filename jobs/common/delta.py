@@ -63,10 +63,15 @@ def conform(df: DataFrame, spec: TableSpec) -> DataFrame:
 
 
 def ensure_table(spark: SparkSession, spec: TableSpec, warehouse: str | Path) -> str:
-    """Create the table (schema, partitioning, properties, docs) if it does not exist; return its path."""
+    """Create the table (schema, partitioning, properties, docs) if it does not exist; return its path.
+
+    A table written before a nullable column was declared gets it added (old rows read NULL there): the one schema
+    change the project makes without a migration step. Anything else that differs is an error at write time."""
     from delta.tables import DeltaTable
 
     path = table_path(warehouse, spec)
+    if DeltaTable.isDeltaTable(spark, path):
+        add_declared_columns(spark, spec, path)
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(spec.schema).comment(spec.doc)
     if spec.partition_by:
         builder = builder.partitionedBy(*spec.partition_by)
@@ -74,6 +79,29 @@ def ensure_table(spark: SparkSession, spec: TableSpec, warehouse: str | Path) ->
         builder = builder.property(key, value)
     builder.execute()
     return path
+
+
+def _sql_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def add_declared_columns(spark: SparkSession, spec: TableSpec, path: str) -> None:
+    """ALTER TABLE ADD COLUMNS for the declared nullable columns the table at `path` lacks."""
+    have = {f.name for f in spark.read.format("delta").load(path).schema.fields}
+    missing = [f for f in spec.schema.fields if f.name not in have]
+    required = [f.name for f in missing if not f.nullable]
+    if required:
+        raise HirError(
+            f"table {spec.name} at {path} lacks the non-null column(s) {', '.join(required)}: rebuild it, "
+            "old rows cannot be given a value"
+        )
+    if missing:
+        columns = ", ".join(
+            f"`{f.name}` {f.dataType.simpleString()} COMMENT '{_sql_string(f.metadata.get('comment', ''))}'"
+            for f in missing
+        )
+        location = path.replace("`", "``")
+        spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({columns})")
 
 
 def write_table(

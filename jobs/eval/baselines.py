@@ -1,7 +1,7 @@
 """The baselines HIR is judged against, each a function from the history to a top-K item list per user.
 
-Every ranking is a DataFrame (user, item, rank) of node ids (rank 1 = best), at most K rows per user, over a
-given candidate set, so that every method scores exactly the same users and candidates:
+Every ranking is a DataFrame (user, item, rank, score) of node ids (rank 1 = best; the score it ranked by), at
+most K rows per user, over a given candidate set, so that every method scores exactly the same users and candidates:
 
 * popularity: items by conversions (cart + purchase events) in the history, the same list for everyone;
 * co_visitation: item-to-item cosine over users' stage-weighted histories, scored from the user's items;
@@ -60,12 +60,12 @@ def interactions(history: DataFrame, weights: dict[str, float] | None = None) ->
 
 
 def top_k(scored: DataFrame, k: int) -> DataFrame:
-    """(user, item, rank): the k best-scored items per user; ties go to the smaller node id (deterministic)."""
+    """(user, item, rank, score): the k best-scored items per user; ties go to the smaller node id."""
     order = Window.partitionBy("user").orderBy(F.desc("score"), F.asc("item"))
     return (
         scored.withColumn("rank", F.row_number().over(order))
         .where(F.col("rank") <= k)
-        .select("user", "item", F.col("rank").cast("int"))
+        .select("user", "item", F.col("rank").cast("int"), F.col("score").cast("double"))
     )
 
 
@@ -76,7 +76,11 @@ def popularity(ui: DataFrame, users: DataFrame, candidates: DataFrame, k: int) -
     ranked = (
         candidates.join(pop, "item").withColumn("rank", F.row_number().over(order)).where(F.col("rank") <= k)
     )
-    return users.crossJoin(F.broadcast(ranked.select("item", F.col("rank").cast("int"))))
+    # Conversions, then engagement as a fraction below 1: the same order as the window's.
+    score = (F.col("deep") + F.col("weight") / (1.0 + F.col("weight"))).cast("double")
+    return users.crossJoin(
+        F.broadcast(ranked.select("item", F.col("rank").cast("int"), score.alias("score")))
+    )
 
 
 def co_visitation(ui: DataFrame, users: DataFrame, candidates: DataFrame, k: int) -> DataFrame:

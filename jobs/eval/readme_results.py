@@ -4,7 +4,9 @@
 
 For each warehouse, the newest day of each (dataset, protocol) in `eval_metrics` becomes one compact table:
 a row per method, Recall@50 / NDCG@50 per candidate set and slice, the best value of a column in bold, and
-a link to the full report (CIs, all K, plots). Replaces the text between the README's two result markers.
+a link to the full report (CIs, all K, plots); where the ranking task ran, a second table gives each ranker's
+NDCG@10 / NDCG@50 per slice and the paired NDCG@10 difference of the HIR rankers over `base` with its 95% CI.
+Replaces the text between the README's two result markers.
 Reads the tables without Spark (deltalake).
 """
 
@@ -39,12 +41,15 @@ def load_rows(warehouse: Path) -> list[dict]:
     if not (path / "_delta_log").is_dir():
         return []
     frame = DeltaTable(str(path)).to_pandas()
-    frame = frame[frame["k"] == K]
+    if "task" not in frame:  # written before tasks existed: every row is a retrieval row
+        frame["task"] = "retrieval"
+    frame["task"] = frame["task"].fillna("retrieval")
     newest = frame.groupby(["dataset", "protocol"])["ds"].transform("max")
     return frame[frame["ds"] == newest].to_dict("records")
 
 
 def table(rows: Sequence[Mapping], report_link: str | None) -> str:
+    rows = [r for r in rows if r.get("task", "retrieval") == "retrieval" and r["k"] == K]
     by_key = {(r["method"], r["candidates"], r["slice"], r["metric"]): r for r in rows}
     columns = [c for c in COLUMNS if any((m, *c, "recall") in by_key for m in {r["method"] for r in rows})]
     best = {
@@ -85,6 +90,67 @@ def table(rows: Sequence[Mapping], report_link: str | None) -> str:
     return "\n".join(lines)
 
 
+RANKING_SLICES = ("all", "no_prior_conversion", "new_interest", "repeat")
+RANKERS = ("base", "base+hir_embedding", "base+hir_tokens", "base+hir")
+
+
+def ranking_table(rows: Sequence[Mapping]) -> str | None:
+    """Rankers x slices: NDCG@10 / NDCG@50, and for the HIR rankers the NDCG@10 difference over base [95% CI]
+    with its relative size; the candidates' recall and the users per slice below."""
+    by_key = {(r["method"], r["slice"], r["metric"], r["k"]): r for r in rows if r.get("task") == "ranking"}
+    slices = [s for s in RANKING_SLICES if ("base", s, "ndcg", 10) in by_key]
+    if not slices:
+        return None
+    lines = [
+        "| ranker | " + " | ".join(s.replace("_", " ") for s in slices) + " |",
+        "|---|" + "---|" * len(slices),
+    ]
+    for ranker in RANKERS:
+        cells = []
+        for slice_ in slices:
+            at10, at50 = by_key.get((ranker, slice_, "ndcg", 10)), by_key.get((ranker, slice_, "ndcg", 50))
+            if at10 is None:
+                cells.append("–")
+                continue
+            text = f"{at10['value']:.3f} / {at50['value']:.3f}" if at50 else f"{at10['value']:.3f}"
+            lift, base = (
+                by_key.get((ranker, slice_, "ndcg_lift", 10)),
+                by_key.get(("base", slice_, "ndcg", 10)),
+            )
+            if lift is not None:
+                relative = f", {lift['value'] / base['value']:+.0%}" if base and base["value"] else ""
+                above = "**" if lift["ci_low"] > 0 else ""
+                text += (
+                    f" (Δ {above}{lift['value']:+.3f}{above} [{lift['ci_low']:+.3f}, {lift['ci_high']:+.3f}]"
+                    f"{relative})"
+                )
+            cells.append(text)
+        lines.append(f"| `{ranker}` | " + " | ".join(cells) + " |")
+    union = {
+        s: next(
+            (r for (m, sl, met, _), r in by_key.items() if (m, sl, met) == ("candidate_union", s, "recall")),
+            None,
+        )
+        for s in slices
+    }
+    lines.append(
+        "| candidate recall | "
+        + " | ".join(f"{union[s]['value']:.3f}" if union[s] else "–" for s in slices)
+        + " |"
+    )
+    lines.append(
+        "| users | " + " | ".join(str(by_key[("base", s, "ndcg", 10)]["num_users"]) for s in slices) + " |"
+    )
+    purity = by_key.get(("hir_tokens", "all", "level0_purity", 0))
+    note = (
+        "NDCG@10 / NDCG@50 of LightGBM lambdarank over the union of the generators' top lists, user-disjoint "
+        "folds; Δ: NDCG@10 minus `base`'s, paired over users [95% CI], bold where the CI is above zero."
+    )
+    if purity is not None:
+        note += f" Level-0 token purity against item categories: {purity['value']:.3f}."
+    return "\n".join([*lines, "", note])
+
+
 def section(warehouses: Sequence[Path]) -> str:
     parts = [START, ""]
     for warehouse in warehouses:
@@ -95,6 +161,9 @@ def section(warehouses: Sequence[Path]) -> str:
             link = f"{warehouse.as_posix()}/reports/{protocol}/{ds}/report.md"
             parts += [f"**{dataset}** ({protocol.replace('_', ' ')}, history day {ds}, model "
                       f"`{chosen[0]['model_version']}`)", "", table(chosen, link), ""]  # fmt: skip
+            ranked = ranking_table(chosen)
+            if ranked:
+                parts += [f"Ranking task, {dataset}:", "", ranked, ""]
     if len(parts) == 2:
         parts += ["No evaluation has been run yet: `make demo` runs one per dataset.", ""]
     parts.append(END)

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
@@ -42,6 +43,9 @@ REPORT_FILE = "report.md"
 RECALL_CHART = "recall_at_k.svg"
 NDCG_CHART = "ndcg_at_k.svg"
 TOKEN_CHART = "token_usage.svg"
+LIFT_CHART = "ranking_lift.svg"
+IMPORTANCE_CHART = "ranking_importance.svg"
+RANKERS = ("base", "base+hir_embedding", "base+hir_tokens", "base+hir")
 
 _FONT = 'font-family="Helvetica, Arial, sans-serif"'
 _CHAR_WIDTH = 6.6  # average glyph width of 12 px sans-serif, for sizing the legend
@@ -314,6 +318,134 @@ def svg_bar_chart(
 # --- Markdown and console -------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class RankingSection:
+    """The ranking task's part of the report: its rows (task ranking), feature-group importance per ranker, and
+    facts about the candidates, folds and boosting."""
+
+    rows: Sequence[Mapping]
+    importance: Mapping[str, Mapping[str, float]]
+    context: Mapping[str, object]
+
+
+def _ranking_index(rows: Sequence[Mapping]) -> dict[tuple, Mapping]:
+    return {(r["method"], r["slice"], r["metric"], r["k"]): r for r in rows}
+
+
+def relative_lift(rows: Sequence[Mapping], ranker: str, slice_: str, k: int = 10) -> float | None:
+    """The ranker's NDCG@k lift over base relative to base's NDCG@k (0.05 = +5%), or None."""
+    index = _ranking_index(rows)
+    lift, base = index.get((ranker, slice_, "ndcg_lift", k)), index.get(("base", slice_, "ndcg", k))
+    if lift is None or base is None or not base["value"]:
+        return None
+    return lift["value"] / base["value"]
+
+
+def render_ranking(section: RankingSection) -> list[str]:
+    """Markdown lines: context, per slice a table of the rankers, the importance table."""
+    index = _ranking_index(section.rows)
+    slices = list(dict.fromkeys(r["slice"] for r in section.rows if r["method"] in RANKERS))
+    lines = [
+        "## Ranking task: LightGBM lambdarank over the candidate union, user-disjoint folds",
+        "",
+        "| | |",
+        "|---|---|",
+    ]
+    lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in section.context.items()]
+    lines.append("")
+    for slice_ in slices:
+        union = index.get(("candidate_union", slice_, "recall", next(
+            (r["k"] for r in section.rows if r["method"] == "candidate_union"), 0)))  # fmt: skip
+        lines += [f"### Slice: {slice_}", ""]
+        if union:
+            lines += [
+                f"Candidate recall (the ceiling of every ranker): "
+                f"{format_ci(union['value'], union['ci_low'], union['ci_high'])}, {union['num_users']} users.",
+                "",
+            ]
+        lines += [
+            "| Ranker | NDCG@10 | NDCG@50 | Recall@50 | AUC | ΔNDCG@10 vs base [95% CI] | relative |",
+            "|---|---|---|---|---|---|---:|",
+        ]
+        for ranker in RANKERS:
+            if (ranker, slice_, "ndcg", 10) not in index:
+                continue
+            cells = []
+            for metric, k in (("ndcg", 10), ("ndcg", 50), ("recall", 50), ("auc", 0)):
+                row = index.get((ranker, slice_, metric, k))
+                cells.append(
+                    format_ci(row["value"], row["ci_low"], row["ci_high"]) if _finite(row) else "n/a"
+                )
+            lift = index.get((ranker, slice_, "ndcg_lift", 10))
+            relative = relative_lift(section.rows, ranker, slice_)
+            cells.append(format_ci(lift["value"], lift["ci_low"], lift["ci_high"]) if lift else "")
+            cells.append(f"{relative:+.1%}" if relative is not None else "")
+            lines.append(f"| `{ranker}` | " + " | ".join(cells) + " |")
+        lines.append("")
+    groups = list(dict.fromkeys(g for shares in section.importance.values() for g in shares))
+    if groups:
+        lines += [
+            "### Feature importance (share of LightGBM gain, summed over folds)",
+            "",
+            "| Ranker | " + " | ".join(groups) + " |",
+            "|---|" + "---:|" * len(groups),
+        ]
+        for ranker, shares in section.importance.items():
+            lines.append(
+                f"| `{ranker}` | "
+                + " | ".join(f"{shares[g]:.1%}" if g in shares else "" for g in groups)
+                + " |"
+            )
+        lines.append("")
+    return lines
+
+
+def ranking_charts(section: RankingSection) -> dict[str, str]:
+    """Relative NDCG@10 lift of each HIR ranker per slice, and feature-group importance per ranker."""
+    slices = list(dict.fromkeys(r["slice"] for r in section.rows if r["metric"] == "ndcg_lift"))
+    lift = {
+        slice_: {
+            ranker: 100.0 * value
+            for ranker in RANKERS[1:]
+            if (value := relative_lift(section.rows, ranker, slice_)) is not None
+        }
+        for slice_ in slices
+    }
+    charts = {}
+    if any(lift.values()):
+        charts[LIFT_CHART] = svg_bar_chart(
+            lift, title="NDCG@10 lift over the base ranker", y_label="relative lift (%)"
+        )
+    groups = list(dict.fromkeys(g for shares in section.importance.values() for g in shares))
+    if groups:
+        charts[IMPORTANCE_CHART] = svg_bar_chart(
+            {g: {r: shares.get(g, 0.0) for r, shares in section.importance.items()} for g in groups},
+            title="Feature importance by group (share of gain)",
+            y_label="share of gain",
+            y_max=1.0,
+        )
+    return charts
+
+
+def ranking_console(rows: Sequence[Mapping]) -> str:
+    """One line per ranker on slice all: NDCG@10, NDCG@50 and the NDCG@10 lift over base with its CI."""
+    index = _ranking_index(rows)
+    lines = ["ranking task (slice all):"]
+    for ranker in RANKERS:
+        ndcg10, ndcg50 = index.get((ranker, "all", "ndcg", 10)), index.get((ranker, "all", "ndcg", 50))
+        if ndcg10 is None:
+            continue
+        text = f"  {ranker:<20} NDCG@10 {ndcg10['value']:.4f}"
+        if ndcg50 is not None:
+            text += f"  NDCG@50 {ndcg50['value']:.4f}"
+        lift = index.get((ranker, "all", "ndcg_lift", 10))
+        relative = relative_lift(rows, ranker, "all")
+        if lift is not None and relative is not None:
+            text += f"  lift {lift['value']:+.4f} [{lift['ci_low']:+.4f}, {lift['ci_high']:+.4f}] ({relative:+.1%})"
+        lines.append(text)
+    return "\n".join(lines)
+
+
 def format_ci(value: float, low: float, high: float, *, bold: bool = False) -> str:
     """`0.123 [0.101, 0.145]`; the value in bold when asked; `n/a` for a missing value."""
     if value is None or not math.isfinite(value):
@@ -538,6 +670,7 @@ def write_report(
     context: Mapping[str, str | int | float],
     notes: Sequence[str] = (),
     token_usage: Mapping[int, Mapping[str, float]] | None = None,
+    ranking: RankingSection | None = None,
     k: int = 50,
 ) -> Path:
     """Write `report.md`, `recall_at_k.svg`, `ndcg_at_k.svg` and (with token_usage) `token_usage.svg` into folder.
@@ -572,6 +705,12 @@ def write_report(
     if TOKEN_CHART in charts:
         plots["Token usage per quantiser level"] = TOKEN_CHART
     markdown = render_markdown(results, title=title, context=context, notes=notes, plots=plots, k=k)
+    if ranking is not None:
+        ranking_plots = ranking_charts(ranking)
+        charts.update(ranking_plots)
+        lines = render_ranking(ranking)
+        lines += [f"![{name}]({name})" + "\n" for name in ranking_plots]
+        markdown += "\n" + "\n".join(lines)
 
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
@@ -581,8 +720,9 @@ def write_report(
         folder.mkdir(exist_ok=True)
         for file_name in [*charts, REPORT_FILE]:
             os.replace(staging / file_name, folder / file_name)
-        if TOKEN_CHART not in charts:
-            (folder / TOKEN_CHART).unlink(missing_ok=True)
+        for stale in (TOKEN_CHART, LIFT_CHART, IMPORTANCE_CHART):
+            if stale not in charts:
+                (folder / stale).unlink(missing_ok=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder / REPORT_FILE

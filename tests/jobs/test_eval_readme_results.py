@@ -37,3 +37,34 @@ def test_replace_section_keeps_the_rest_and_needs_the_markers():
     assert out == f"# T\n\nbefore\n{START}\nnew\n{END}\nafter\n"
     with pytest.raises(HirError, match="no results markers"):
         replace_section("# T\n", "x")
+
+
+def test_ranking_table_gives_each_ranker_per_slice_and_the_paired_lift_over_base():
+    from jobs.eval.readme_results import ranking_table
+
+    def r(method, slice_, metric, k, value, low=0.0, high=0.0, users=30):
+        return {"task": "ranking", "method": method, "slice": slice_, "metric": metric, "k": k, "value": value,
+                "ci_low": low, "ci_high": high, "num_users": users}  # fmt: skip
+
+    rows = [
+        r("base", "all", "ndcg", 10, 0.200),
+        r("base", "all", "ndcg", 50, 0.300),
+        r("base+hir", "all", "ndcg", 10, 0.230),
+        r("base+hir", "all", "ndcg", 50, 0.310),
+        r("base+hir", "all", "ndcg_lift", 10, 0.030, 0.010, 0.050),
+        r("base+hir_tokens", "all", "ndcg", 10, 0.190),
+        r("base+hir_tokens", "all", "ndcg_lift", 10, -0.010, -0.030, 0.010),
+        r("candidate_union", "all", "recall", 50, 0.600),
+        {
+            **row("hir", "catalog", "all", "recall", 0.2),
+            "task": "retrieval",
+        },  # another task: not in this table
+    ]
+    lines = ranking_table(rows).splitlines()
+    assert lines[0] == "| ranker | all |"
+    assert lines[2] == "| `base` | 0.200 / 0.300 |"
+    assert lines[3] == "| `base+hir_embedding` | – |"
+    assert lines[4] == "| `base+hir_tokens` | 0.190 (Δ -0.010 [-0.030, +0.010], -5%) |"
+    assert lines[5] == "| `base+hir` | 0.230 / 0.310 (Δ **+0.030** [+0.010, +0.050], +15%) |"
+    assert lines[6] == "| candidate recall | 0.600 |" and lines[7] == "| users | 30 |"
+    assert ranking_table([rows[-1]]) is None

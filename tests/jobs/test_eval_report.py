@@ -258,3 +258,39 @@ def test_write_report_replaces_an_earlier_report_and_keeps_other_files(tmp_path:
     assert (folder / "report.md").read_text().startswith("# second\n")
     assert not (folder / "token_usage.svg").exists()  # a stale chart would be mistaken for this run's
     assert (folder / "keep.txt").read_text() == "mine"
+
+
+def test_ranking_section_tables_the_rankers_and_draws_the_relative_lift():
+    import xml.etree.ElementTree as ET
+
+    from jobs.eval.report import (
+        RankingSection,
+        ranking_charts,
+        ranking_console,
+        relative_lift,
+        render_ranking,
+    )
+
+    def r(method, metric, k, value, low=None, high=None):
+        return {"method": method, "slice": "all", "metric": metric, "k": k, "value": value,
+                "ci_low": value if low is None else low, "ci_high": value if high is None else high,
+                "num_users": 50}  # fmt: skip
+
+    rows = [
+        r("base", "ndcg", 10, 0.20), r("base", "ndcg", 50, 0.30), r("base", "recall", 50, 0.5), r("base", "auc", 0, 0.7),
+        r("base+hir", "ndcg", 10, 0.25), r("base+hir", "ndcg_lift", 10, 0.05, 0.01, 0.09),
+        r("candidate_union", "recall", 50, 0.8),
+    ]  # fmt: skip
+    section = RankingSection(rows, {"base": {"generators": 0.7, "item": 0.3}, "base+hir": {"generators": 0.4,
+                             "hir_embedding": 0.6}}, {"folds (users each)": "5 (10, 10, 10, 10, 10)"})  # fmt: skip
+    assert relative_lift(rows, "base+hir", "all") == pytest.approx(0.25)
+    text = "\n".join(render_ranking(section))
+    assert "| `base+hir` | 0.250 [0.250, 0.250] | n/a | n/a | n/a | 0.050 [0.010, 0.090] | +25.0% |" in text
+    assert "base+hir_tokens" not in text  # a ranker that did not run has no row
+    assert "Candidate recall (the ceiling of every ranker): 0.800" in text
+    assert "| `base+hir` | 40.0% |  | 60.0% |" in text  # importance: generators, item, hir_embedding
+    charts = ranking_charts(section)
+    lift = ET.fromstring(charts["ranking_lift.svg"])
+    bars = [e for e in lift.iter() if e.tag.endswith("rect") and e.find("{*}title") is not None]
+    assert [b.find("{*}title").text for b in bars] == ["all, base+hir: 25.0000"]
+    assert "lift +0.0500 [+0.0100, +0.0900] (+25.0%)" in ranking_console(rows)

@@ -74,10 +74,12 @@ def test_no_target_or_later_event_reaches_the_history(spark, evaluated):
 @pytest.mark.slow
 def test_every_method_slice_metric_and_k_is_written_with_a_ci(spark, evaluated):
     warehouse, cfg, report = evaluated
-    rows = read_table(spark, EVAL_METRICS, warehouse).collect()
-    assert len(rows) == len(report.rows)
-    keys = {(r["method"], r["candidates"], r["slice"], r["metric"], r["k"]) for r in rows}
-    assert len(keys) == len(rows)  # one row per key: nothing duplicated
+    everything = read_table(spark, EVAL_METRICS, warehouse).collect()
+    assert len(everything) == len(report.rows)
+    keys = {(r["method"], r["candidates"], r["slice"], r["metric"], r["k"]) for r in everything}
+    assert len(keys) == len(everything)  # one row per key: nothing duplicated
+    assert {r["task"] for r in everything} == {"retrieval", "ranking"}
+    rows = [r for r in everything if r["task"] == "retrieval"]
     for method in job.METHODS:
         for metric in ("recall", "ndcg", "hit_rate"):
             for k in (10, 20, 50, 100):
@@ -100,6 +102,30 @@ def test_every_method_slice_metric_and_k_is_written_with_a_ci(spark, evaluated):
         assert values == sorted(values)
     assert report.report_path.is_file() and "NDCG@50" in report.report_path.read_text()
     assert (report.report_path.parent / "recall_at_k.svg").is_file()
+
+
+@pytest.mark.slow
+def test_ranking_task_rows_are_bounded_by_the_candidates_and_lifts_pair_with_base(spark, evaluated):
+    _, _, report = evaluated
+    rows = {(r["method"], r["slice"], r["metric"], r["k"]): r for r in report.rows if r["task"] == "ranking"}
+    union = rows[("candidate_union", "all", "recall", 50)]
+    assert 0.0 < union["value"] <= 1.0
+    for ranker in ("base", "base+hir_embedding", "base+hir_tokens", "base+hir"):
+        ndcg = [rows[(ranker, "all", "ndcg", k)]["value"] for k in (10, 20, 50, 100)]
+        assert all(0.0 <= v <= 1.0 for v in ndcg)
+        recall = rows[(ranker, "all", "recall", 100)]
+        # A ranker orders the candidates: it can never find a target the union does not hold.
+        assert recall["value"] <= union["value"] + 1e-9 and recall["num_users"] == union["num_users"]
+        assert 0.0 <= rows[(ranker, "all", "auc", 0)]["value"] <= 1.0
+        if ranker != "base":
+            lift = rows[(ranker, "all", "ndcg_lift", 10)]
+            expected = rows[(ranker, "all", "ndcg", 10)]["value"] - rows[("base", "all", "ndcg", 10)]["value"]
+            assert lift["value"] == pytest.approx(expected)
+            assert lift["ci_low"] <= lift["value"] <= lift["ci_high"]
+    purity = rows[("hir_tokens", "all", "level0_purity", 0)]["value"]
+    assert 0.0 < purity <= 1.0
+    text = report.report_path.read_text()
+    assert "Ranking task" in text and (report.report_path.parent / "ranking_importance.svg").is_file()
 
 
 @pytest.mark.slow
@@ -174,4 +200,25 @@ def test_flag_errors_are_one_line(tmp_path):
         job.config_from_args(
             ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--stage-args", "x=1"]
         )
+    with pytest.raises(HirError, match="--task ranking needs hir"):
+        job.config_from_args(
+            ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--methods", "als"]
+        )
+    with pytest.raises(HirError, match="--ranking-candidates must be at least 1"):
+        job.config_from_args(
+            ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--ranking-candidates", "0"]
+        )
+    only = job.config_from_args(
+        [
+            "--warehouse",
+            wh,
+            "--protocol",
+            "leave_last_conversion_out",
+            "--methods",
+            "als",
+            "--task",
+            "retrieval",
+        ]
+    )
+    assert only.tasks == ("retrieval",)
     assert not list(tmp_path.joinpath("wh").iterdir())

@@ -48,3 +48,26 @@ def test_writer_replaces_its_day_only_and_keeps_column_docs(spark, warehouse):
     assert table.schema["funnel_stage"].metadata["comment"].startswith("Canonical stage")
     with pytest.raises(Exception, match="(?i)replaceWhere|does not conform|Written data"):
         write_table(spark.createDataFrame([day2], EVENTS.schema), EVENTS, warehouse, "ds = DATE'2017-11-25'")
+
+
+def test_a_table_written_before_a_nullable_column_was_declared_gains_it_and_keeps_its_rows(spark, warehouse):
+    """eval_metrics got `task` after tables existed: the old rows stay and read NULL there, new rows write it."""
+    from dataclasses import replace
+
+    from pyspark.sql.types import StructType
+
+    from schemas.tables import EVAL_METRICS
+
+    old_spec = replace(
+        EVAL_METRICS, schema=StructType([f for f in EVAL_METRICS.schema.fields if f.name != "task"])
+    )
+    row = {"dataset": "d", "protocol": "p", "model_version": "m", "method": "hir", "candidates": "graph",
+           "slice": "all", "metric": "recall", "k": 10, "value": 0.5, "ci_low": 0.4, "ci_high": 0.6,
+           "num_users": 3, "ds": dt.date(2026, 1, 1)}  # fmt: skip
+    old = spark.createDataFrame([row], old_spec.schema)
+    write_table(old, old_spec, warehouse, None)
+    new = spark.createDataFrame([{**row, "task": "ranking", "ds": dt.date(2026, 1, 2)}], EVAL_METRICS.schema)
+    write_table(new, EVAL_METRICS, warehouse, "ds = DATE'2026-01-02'")
+    rows = {r["ds"]: r for r in read_table(spark, EVAL_METRICS, warehouse).collect()}
+    assert rows[dt.date(2026, 1, 1)]["task"] is None and rows[dt.date(2026, 1, 1)]["value"] == 0.5
+    assert rows[dt.date(2026, 1, 2)]["task"] == "ranking"
