@@ -27,7 +27,7 @@ from pathlib import Path
 from jobs.common.args import run_job
 from jobs.common.errors import HirError
 from jobs.common.spark import PROJECT_ROOT, get_spark
-from jobs.eval.report import console_table
+from jobs.eval.report import console_table, ranking_console
 from jobs.pipeline import config_args, config_from_args, hms, run_pipeline
 
 DEMO_CONFIG = PROJECT_ROOT / "conf" / "pipeline" / "demo.toml"
@@ -131,7 +131,13 @@ def main(argv=None) -> int:
         print(f"  {name:<10} {'ok' if report.ok else 'FAILED'} in {report.seconds:.0f}s -> {root / name}")
         print(f"    {evaluation.line}")
         if evaluation.report is not None:  # ran now (a fresh evaluation is skipped: its report is on disk)
-            print(console_table(evaluation.report.rows, k=50))
+            rows = evaluation.report.rows
+            retrieval = [r for r in rows if r["task"] == "retrieval"]
+            ranking = [r for r in rows if r["task"] == "ranking"]
+            if retrieval:
+                print(console_table(retrieval, k=50))
+            if ranking:
+                print(ranking_console(ranking))
     return 0 if outcomes and all(report.ok for _, report in outcomes) else 1
 
 

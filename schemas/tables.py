@@ -424,7 +424,9 @@ EVAL_METRICS = TableSpec(
                 "base+hir_tokens, base+hir), candidate_union (the candidates' own recall) or hir_tokens.",
                 False,
             ),
-            _col("candidates", StringType(), "graph, catalog, or union (the ranking task's candidates).", False),
+            _col(
+                "candidates", StringType(), "graph, catalog, or union (the ranking task's candidates).", False
+            ),
             _col("slice", StringType(), "User/target slice.", False),
             _col(
                 "metric",
