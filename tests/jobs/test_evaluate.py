@@ -187,46 +187,20 @@ def test_flag_errors_are_one_line(tmp_path):
         job.config_from_args(["--warehouse", wh, "--protocol", "temporal"])
     with pytest.raises(HirError, match="time zone"):
         job.config_from_args(["--warehouse", wh, "--protocol", "temporal", "--cutoff", "2017-12-02T00:00:00"])
-    with pytest.raises(HirError, match="unknown nope"):
-        job.config_from_args(
-            ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--methods", "hir,nope"]
-        )
-    with pytest.raises(HirError, match="warehouse not found"):
-        job.config_from_args(
-            ["--warehouse", str(tmp_path / "none"), "--protocol", "leave_last_conversion_out"]
-        )
-    with pytest.raises(HirError, match="--als-grid needs"):
-        job.config_from_args(
-            ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--als-grid", "rank=4"]
-        )
-    with pytest.raises(HirError, match="may not contain a quote"):
-        job.config_from_args(
-            ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--dataset", "a'b"]
-        )
-    with pytest.raises(HirError, match="unknown stage 'x'"):
-        job.config_from_args(
-            ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--stage-args", "x=1"]
-        )
-    with pytest.raises(HirError, match="--task ranking needs hir"):
-        job.config_from_args(
-            ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--methods", "als"]
-        )
-    with pytest.raises(HirError, match="--ranking-candidates must be at least 1"):
-        job.config_from_args(
-            ["--warehouse", wh, "--protocol", "leave_last_conversion_out", "--ranking-candidates", "0"]
-        )
-    only = job.config_from_args(
-        [
-            "--warehouse",
-            wh,
-            "--protocol",
-            "leave_last_conversion_out",
-            "--methods",
-            "als",
-            "--task",
-            "retrieval",
-        ]
-    )
+    llco = ["--protocol", "leave_last_conversion_out"]
+    refused = [
+        (["--warehouse", wh, *llco, "--methods", "hir,nope"], "unknown nope"),
+        (["--warehouse", str(tmp_path / "none"), *llco], "warehouse not found"),
+        (["--warehouse", wh, *llco, "--als-grid", "rank=4"], "--als-grid needs"),
+        (["--warehouse", wh, *llco, "--dataset", "a'b"], "may not contain a quote"),
+        (["--warehouse", wh, *llco, "--stage-args", "x=1"], "unknown stage 'x'"),
+        (["--warehouse", wh, *llco, "--methods", "als"], "--task ranking needs hir"),
+        (["--warehouse", wh, *llco, "--ranking-candidates", "0"], "--ranking-candidates must be at least 1"),
+    ]
+    for argv, message in refused:
+        with pytest.raises(HirError, match=message):
+            job.config_from_args(argv)
+    only = job.config_from_args(["--warehouse", wh, *llco, "--methods", "als", "--task", "retrieval"])
     assert only.tasks == ("retrieval",)
     assert not list(tmp_path.joinpath("wh").iterdir())
 
