@@ -107,7 +107,13 @@ def build_parser() -> JobArgumentParser:
 
 def config_from_args(argv: Sequence[str] | None) -> EmbedConfig:
     a = build_parser().parse_args(argv)
-    if a.batch_size <= 0 or a.arrow_batch_size <= 0 or a.top_n <= 0 or (a.temperature or 1) <= 0:
+    fixed_temperature = a.temperature is not None
+    if (
+        a.batch_size <= 0
+        or a.arrow_batch_size <= 0
+        or a.top_n <= 0
+        or (fixed_temperature and a.temperature <= 0)
+    ):
         raise HirError("--batch-size, --arrow-batch-size, --top-n and --temperature must be positive")
     return EmbedConfig(
         ds=a.ds,

@@ -178,6 +178,9 @@ def test_rerun_replaces_the_day(spark, day):
 def test_bad_flags_and_missing_model(tmp_path):
     with pytest.raises(HirError, match="must be positive"):
         config_from_args(["--ds", "2026-01-07", "--top-n", "0"])
+    with pytest.raises(HirError, match="must be positive"):
+        config_from_args(["--ds", "2026-01-07", "--temperature", "0"])
+    assert config_from_args(["--ds", "2026-01-07", "--temperature", "auto"]).temperature is None
     with pytest.raises(HirError, match="no trained model under"):
         resolve_model_dir(str(tmp_path), None)
     with pytest.raises(HirError, match="has no weights.pt"):
