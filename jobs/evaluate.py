@@ -48,7 +48,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, run_job
-from jobs.common.delta import read_table, table_exists, table_path, write_table
+from jobs.common.delta import read_table, sql_in, table_exists, table_path, write_table
 from jobs.common.errors import HirError
 from jobs.common.spark import get_spark
 from jobs.common.stage import StageLog
@@ -566,14 +566,12 @@ def published_embeddings(spark: SparkSession, cfg: EvalConfig, ds: dt.date):
     return reader, published
 
 
-def hir_rankings(
-    spark, cfg: EvalConfig, data: EvalData, ds: dt.date, k: int, context: dict
-) -> dict[str, TopK]:
-    """The full model's published embeddings ranked by the same exact search as its ablations; the published item
-    index is checked against it separately (context["hir_index_recall"]: its share of the exact catalog top k)."""
+def hir_rankings(data: EvalData, k: int, context: dict, reader, published: DataFrame) -> dict[str, TopK]:
+    """The full model's published embeddings (published_embeddings) ranked by the same exact search as its
+    ablations; the published item index is checked against it separately (context["hir_index_recall"]: its share
+    of the exact catalog top k)."""
     from jobs.index.reader import NO_ID
 
-    reader, published = published_embeddings(spark, cfg, ds)
     published = published.where(F.col("node_type").isin("user", "item")).toPandas()
     found, matrix = vectors_of(published[published["node_type"] == "user"], data.users)
     exact = embedding_rankings(found, matrix, published[published["node_type"] == "item"], data, k)
@@ -696,16 +694,18 @@ def ranking_task(
     data: EvalData,
     rankings: dict[str, dict[str, TopK]],
     ds: dt.date,
+    model_version: str,
+    published: DataFrame,
 ) -> RankingOutcome:
     """Rankers with and without HIR's features over the union of the generators' catalog top lists
-    (jobs.eval.ranking); features from the history and the history pipeline's tables (jobs.eval.features)."""
+    (jobs.eval.ranking); features from the history and the history pipeline's tables (jobs.eval.features).
+    model_version, published: the served model and its embeddings (published_embeddings)."""
     from jobs.eval import features as fx
     from jobs.eval import ranking as rk
 
     generators = [g for g in fx.GENERATORS if g in rankings]
-    reader, published = published_embeddings(spark, cfg, ds)
     tokens = read_table(spark, BOM_TOKENS, cfg.history_warehouse).where(
-        (F.col("ds") == F.lit(ds)) & (F.col("model_version") == reader.manifest["model_version"])
+        (F.col("ds") == F.lit(ds)) & (F.col("model_version") == model_version)
     )
 
     def vectors_for(ids: np.ndarray) -> dict[int, np.ndarray]:
@@ -862,10 +862,12 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
     context: dict = {}
     rankings: dict[str, dict[str, TopK]] = {}
     timings = dict(built["timings"])
+    served = None  # (index reader, its embeddings): opened once, for the retrieval and the ranking task
     for name in variants:
         t0 = time.perf_counter()
         if name == "hir":
-            rankings[name] = hir_rankings(spark, cfg, data, ds, k, context)
+            served = published_embeddings(spark, cfg, ds)
+            rankings[name] = hir_rankings(data, k, context, *served)
         else:
             pdf = variant_embeddings(spark, cfg, ds, built["models"][name].path)
             user_ids, user_matrix = vectors_of(pdf[pdf["node_type"] == "user"], data.users)
@@ -885,12 +887,15 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
     ranking = None
     if "ranking" in cfg.tasks:
         t0 = time.perf_counter()
-        ranking = ranking_task(spark, cfg, split, ui, data, rankings, ds)
+        reader, published = served  # config_from_args: the ranking task runs with hir
+        ranking = ranking_task(
+            spark, cfg, split, ui, data, rankings, ds, reader.manifest["model_version"], published
+        )
         timings["ranking task"] = round(time.perf_counter() - t0, 1)
-    rows = [{"task": "retrieval", **row} for row in retrieval] + (ranking.rows if ranking else [])
-    rows = [
-        {**row, "dataset": cfg.name, "protocol": cfg.protocol, "model_version": model_version} for row in rows
-    ]
+    labels = {"dataset": cfg.name, "protocol": cfg.protocol, "model_version": model_version}
+    retrieval_rows = [{"task": "retrieval", **row, **labels} for row in retrieval]
+    ranking_rows = [{**row, **labels} for row in ranking.rows] if ranking else []
+    rows = retrieval_rows + ranking_rows
     version = write_metrics(spark, cfg, ds, rows)
     targets_total = sum(len(t) for t in data.targets.values())
     new_targets = sum(len(t & data.new_items) for t in data.targets.values())
@@ -938,25 +943,21 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
     )
     path = write_report(
         folder,
-        [r for r in rows if r["task"] == "retrieval"],
+        retrieval_rows,
         title=f"HIR deep-funnel evaluation: {cfg.name} ({cfg.protocol})",
         context=ctx,
         notes=notes,
-        ranking=(
-            RankingSection([r for r in rows if r["task"] == "ranking"], ranking.importance, ranking.context)
-            if ranking
-            else None
-        ),
+        ranking=(RankingSection(ranking_rows, ranking.importance, ranking.context) if ranking else None),
         token_usage=token_usage(
             spark, cfg, ds, int(built["models"]["hir"].summary["quantiser"]["codes_per_level"])
         )
         if "hir" in rankings
         else None,
     )
-    if retrieval:
-        print(console_table([r for r in rows if r["task"] == "retrieval"], k=50))
-    if ranking:
-        print(ranking_console([r for r in rows if r["task"] == "ranking"]))
+    if retrieval_rows:
+        print(console_table(retrieval_rows, k=50))
+    if ranking_rows:
+        print(ranking_console(ranking_rows))
     report = EvalReport(
         cfg.name,
         cfg.protocol,
@@ -985,8 +986,7 @@ def write_metrics(spark: SparkSession, cfg: EvalConfig, ds: dt.date, rows: list[
     pdf["num_users"] = pdf["num_users"].astype("int64")
     frame = spark.createDataFrame(pdf, StructType([f for f in EVAL_METRICS.schema.fields if f.name != "ds"]))
     frame = frame.withColumn("ds", F.lit(ds))
-    tasks = ", ".join(f"'{t}'" for t in cfg.tasks)
-    task = f"(task IN ({tasks}){' OR task IS NULL' if 'retrieval' in cfg.tasks else ''})"
+    task = f"({sql_in('task', list(cfg.tasks))}{' OR task IS NULL' if 'retrieval' in cfg.tasks else ''})"
     where = f"ds = DATE'{ds}' AND dataset = '{cfg.name}' AND protocol = '{cfg.protocol}' AND {task}"
     return write_table(frame, EVAL_METRICS, cfg.warehouse, where)
 

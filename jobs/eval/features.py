@@ -55,7 +55,7 @@ def candidate_frame(
 
     rankings: generator -> (user -> items best first, user -> their scores)."""
     wanted = set(users.tolist())
-    pieces = []
+    pieces, chosen = [], []
     for name, (items, scores) in rankings.items():
         rows = [
             (user, item, score, rank)
@@ -65,10 +65,8 @@ def candidate_frame(
         ]
         frame = pd.DataFrame(rows, columns=["user", "item", f"{name}_score", f"{name}_rank"])
         pieces.append(frame.astype({"user": "int64", "item": "int64", f"{name}_rank": "float64"}))
-    chosen = pd.concat(
-        [p.loc[p.iloc[:, 3] <= per_generator, ["user", "item"]] for p in pieces], ignore_index=True
-    ).drop_duplicates()
-    out = chosen
+        chosen.append(pieces[-1].loc[pieces[-1][f"{name}_rank"] <= per_generator, ["user", "item"]])
+    out = pd.concat(chosen, ignore_index=True).drop_duplicates()
     for piece in pieces:
         out = out.merge(piece, on=["user", "item"], how="left")
     return out.sort_values(["user", "item"], kind="stable").reset_index(drop=True)

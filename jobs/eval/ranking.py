@@ -234,6 +234,7 @@ def ranking_rows(
 ) -> list[dict]:
     """eval_metrics rows of the ranking task, every slice with targets among the evaluated users."""
     rows = []
+    orders = {name: ranked_lists(frame, run.scores) for name, run in runs.items()}  # the same in every slice
     for slice_, truth in truth_by_slice.items():
         if not truth:
             continue
@@ -250,7 +251,7 @@ def ranking_rows(
         )
         per_user = {}
         for name, run in runs.items():
-            per_user[name] = per_user_metrics(ranked_lists(frame, run.scores), truth, ks=ks)
+            per_user[name] = per_user_metrics(orders[name], truth, ks=ks)
             for summary in summarise(per_user[name], samples=samples, seed=seed):
                 rows.append(
                     {"task": "ranking", "method": name, "candidates": "union", "slice": slice_, **summary}

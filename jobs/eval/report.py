@@ -341,6 +341,12 @@ def relative_lift(rows: Sequence[Mapping], ranker: str, slice_: str, k: int = 10
     return lift["value"] / base["value"]
 
 
+def union_recall_row(rows: Sequence[Mapping], slice_: str) -> Mapping | None:
+    """The candidate union's recall row of a slice (its k is each generator's list length), or None."""
+    wanted = ("candidate_union", slice_, "recall")
+    return next((r for r in rows if (r["method"], r["slice"], r["metric"]) == wanted), None)
+
+
 def render_ranking(section: RankingSection) -> list[str]:
     """Markdown lines: context, per slice a table of the rankers, the importance table."""
     index = _ranking_index(section.rows)
@@ -354,8 +360,7 @@ def render_ranking(section: RankingSection) -> list[str]:
     lines += [f"| {_cell(k)} | {_cell(v)} |" for k, v in section.context.items()]
     lines.append("")
     for slice_ in slices:
-        union = index.get(("candidate_union", slice_, "recall", next(
-            (r["k"] for r in section.rows if r["method"] == "candidate_union"), 0)))  # fmt: skip
+        union = union_recall_row(section.rows, slice_)
         lines += [f"### Slice: {slice_}", ""]
         if union:
             lines += [
