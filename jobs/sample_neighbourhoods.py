@@ -8,8 +8,10 @@ For every node of the chosen types (`nodes` of ds), one row: the target at posit
 neighbours per edge type, then up to k2 hop-2 neighbours under each hop-1 neighbour, padded to --max-tokens.
 
 * Sampling is weighted and without replacement (Efraimidis-Spirakis): each edge gets the key log(u) / weight and a
-  node keeps the edges with the largest keys. u comes from a 64-bit hash of (seed, ds, src, dst, edge type), never
-  from rand(), so a rerun, or a task Spark recomputes, draws the same sample.
+  node keeps the edges with the largest keys. u comes from a 64-bit hash of (seed, src, dst, edge type), never
+  from rand(), so a rerun, or a task Spark recomputes, draws the same sample. ds is not in the hash: recency decay
+  scales all of a node's edge weights by the same factor from one day to the next, so a node whose edges did not
+  change keeps its sample, and with it its embedding and tokens (representation_drift's "unchanged" cohort).
 * Hop-1: the top k1 keys per (target, edge type). Hop-2 under a hop-1 node n: the top k2 keys among n's
   neighbours, over all of n's edge types, one token per distinct neighbour (a neighbour linked by several edge
   types keeps its largest key: the maximum of ES keys is the ES key of the summed weight, so this samples nodes
@@ -108,8 +110,8 @@ def build_parser() -> JobArgumentParser:
         "--seed",
         type=int,
         default=0,
-        help="Seed of the sampling hash; the same seed and ds give the same sample. Change it for another, "
-        "equally valid, draw.",
+        help="Seed of the sampling hash; the same seed and edges give the same sample, on any day. Change it for "
+        "another, equally valid, draw.",
     )
     p.add_argument(
         "--salts",
@@ -167,9 +169,9 @@ def _code(names: Column, codes: dict[str, int], what: str) -> Column:
     return code.cast("int")
 
 
-def sampling_key(seed: int, ds: dt.date, weight: Column) -> Column:
-    """Efraimidis-Spirakis key log(u) / weight, u uniform in (0, 1) from a hash of (seed, ds, src, dst, type)."""
-    bits = F.xxhash64(F.lit(seed), F.lit(ds.isoformat()), "src", "dst", "edge_type")
+def sampling_key(seed: int, weight: Column) -> Column:
+    """Efraimidis-Spirakis key log(u) / weight, u uniform in (0, 1) from a hash of (seed, src, dst, type)."""
+    bits = F.xxhash64(F.lit(seed), "src", "dst", "edge_type")
     u = (bits.bitwiseAND(F.lit((1 << _U_BITS) - 1)).cast("double") + 0.5) / float(1 << _U_BITS)
     return F.log(u) / weight
 
@@ -181,7 +183,7 @@ def keyed_edges(edges: DataFrame, cfg: SampleConfig) -> DataFrame:
         "src_type",
         "dst",
         "edge_type",
-        sampling_key(cfg.seed, cfg.ds, F.col("weight")).alias("key"),
+        sampling_key(cfg.seed, F.col("weight")).alias("key"),
         _code(F.col("dst_type"), NODE_TYPES, "node type").alias("node_type"),
         _code(F.col("edge_type"), EDGE_TYPES, "edge type").alias("edge_code"),
         F.col("recency_bucket").alias("recency"),

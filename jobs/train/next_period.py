@@ -71,12 +71,14 @@ def window_events(spark: SparkSession, warehouse: str, ds: dt.date, lookback_day
 
 
 def auto_cutoff(events: DataFrame, share: float) -> dt.datetime:
-    """The instant with `share` of the window's funnel events at or after it (approximate quantile, 0.1%)."""
-    seconds = events.select(F.unix_micros(F.col("event_time")).cast("double").alias("t"))
-    quantile = seconds.approxQuantile("t", [1.0 - share], 0.001)
-    if not quantile:
+    """The instant with `share` of the window's funnel events at or after it: the exact quantile, since an
+    approximate one (GK sketches merged per partition) moves with the table's file layout, and with it the
+    training data: the same events written by another number of tasks trained another model."""
+    micros = events.select(F.unix_micros(F.col("event_time")).alias("t"))
+    quantile = micros.agg(F.percentile(F.col("t"), F.lit(1.0 - share))).first()[0]
+    if quantile is None:
         raise HirError("no funnel events in the day's window: nothing to train on")
-    return dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(quantile[0]))
+    return dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(quantile))
 
 
 def next_period(
