@@ -3,6 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+# Airflow and its ~130 packages, in a virtualenv of their own: only tests/conf parses the DAG with it.
+VENV_AIRFLOW := .venv-airflow
 JARS := .jars
 DELTA_VERSION := 4.4.0
 DELTA_SPARK_ARTIFACT := io.delta:delta-spark_4.0_2.13:$(DELTA_VERSION)
@@ -29,6 +31,13 @@ $(VENV)/.installed: requirements.txt requirements-nodeps.txt setup.py
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
+$(VENV_AIRFLOW)/.installed: conf/airflow/requirements.txt
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
+	$(PYTHON) -m venv $(VENV_AIRFLOW)
+	$(VENV_AIRFLOW)/bin/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(VENV_AIRFLOW)/bin/python -m pip install --quiet -r conf/airflow/requirements.txt
+	touch $@
+
 $(JARS)/.fetched: Makefile
 	@command -v mvn >/dev/null || { echo "error: mvn not found (Maven fetches the Delta jars)"; exit 1; }
 	mkdir -p $(JARS)
@@ -36,7 +45,7 @@ $(JARS)/.fetched: Makefile
 	mvn -q -B dependency:copy -Dartifact=$(DELTA_STORAGE_ARTIFACT) -DoutputDirectory=$(JARS)
 	touch $@
 
-setup: $(VENV)/.installed $(JARS)/.fetched ## Create .venv with pinned packages and fetch the Delta jars (idempotent)
+setup: $(VENV)/.installed $(JARS)/.fetched $(VENV_AIRFLOW)/.installed ## Create .venv and .venv-airflow with pinned packages and fetch the Delta jars (idempotent)
 
 lint: setup ## Ruff lint and format check
 	$(VENV)/bin/ruff check .
@@ -66,6 +75,7 @@ clean: ## Remove generated tables, caches and build output (keeps .venv and .jar
 
 distclean: clean ## Also remove .venv and .jars
 	rm -rf $(VENV) $(JARS)
+	rm -rf $(VENV_AIRFLOW)
 
 # Cluster packaging (README "Running on a cluster"). DIST_VENV=1 also packs an executor virtualenv for
 # `--archives` (plain `python -m venv` + tar: executors need the same python3.11 path as this machine, since a
