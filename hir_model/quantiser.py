@@ -57,9 +57,12 @@ def kmeans_plus_plus(points: Tensor, k: int, generator: torch.Generator) -> Tens
     return torch.stack(centroids)
 
 
-def kmeans(points: Tensor, k: int, iters: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Lloyd's k-means from k-means++ seeds. Returns centroids (K, D) and assignments (N,)."""
-    centroids = kmeans_plus_plus(points, k, generator)
+def kmeans(
+    points: Tensor, k: int, iters: int, generator: torch.Generator, init: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Lloyd's k-means from `init` (K, D) when given (yesterday's codebook: codes keep their place), else from
+    k-means++ seeds. Returns centroids (K, D) and assignments (N,)."""
+    centroids = init.to(points) if init is not None else kmeans_plus_plus(points, k, generator)
     assign = squared_distances(points, centroids).argmin(dim=1)
     for _ in range(iters):
         sums = torch.zeros_like(centroids).index_add_(0, assign, points)
@@ -92,17 +95,35 @@ class ResidualQuantiser:
             raise RuntimeError("ResidualQuantiser is not fitted: call fit() or load() first")
         return self.codebooks
 
-    def fit(self, embeddings: Tensor) -> ResidualQuantiser:
-        """Learn the codebooks level by level on (N, D) embeddings."""
+    def fit(self, embeddings: Tensor, init: ResidualQuantiser | None = None) -> ResidualQuantiser:
+        """Learn the codebooks level by level on (N, D) embeddings. `init`, a fitted quantiser of the same shape
+        (yesterday's, when the encoder was warm-started from yesterday's), seeds Lloyd's iterations at its codebooks,
+        so a code keeps its meaning where the data did not move; without it, k-means++ seeds."""
         if embeddings.ndim != 2 or embeddings.shape[0] < self.codes_per_level:
             raise ValueError(
                 f"need an (N, D) matrix with N >= codes_per_level={self.codes_per_level}, got {tuple(embeddings.shape)}"
             )
+        seeds = init.codebooks if init is not None else None
+        if seeds is not None and tuple(seeds.shape) != (
+            self.levels,
+            self.codes_per_level,
+            embeddings.shape[1],
+        ):
+            raise ValueError(
+                f"init codebooks have shape {tuple(seeds.shape)}, this quantiser needs "
+                f"{(self.levels, self.codes_per_level, embeddings.shape[1])}"
+            )
         generator = torch.Generator().manual_seed(self.seed)
         residual = embeddings.detach().float()
         codebooks, temperatures = [], []
-        for _ in range(self.levels):
-            centroids, assign = kmeans(residual, self.codes_per_level, self.iters, generator)
+        for level in range(self.levels):
+            centroids, assign = kmeans(
+                residual,
+                self.codes_per_level,
+                self.iters,
+                generator,
+                seeds[level] if seeds is not None else None,
+            )
             codebooks.append(centroids)
             temperatures.append(calibrated_temperature(residual, centroids))
             residual = residual - centroids[assign]
@@ -147,6 +168,22 @@ class ResidualQuantiser:
         """(N, D) sum of the chosen centroid of every level."""
         codebooks = self._require_fit().to(codes.device)
         return sum(codebooks[level][codes[:, level]] for level in range(self.levels))
+
+    def permuted(self, perms: list[Tensor]) -> ResidualQuantiser:
+        """A copy whose level-l code j is renamed perms[l][j] (each a permutation of range(K)). Renaming codes
+        changes no assignment, residual or weight: only the ids the tokens carry."""
+        codebooks = self._require_fit()
+        if len(perms) != self.levels:
+            raise ValueError(f"need {self.levels} permutations, got {len(perms)}")
+        renamed = torch.empty_like(codebooks)
+        for level, perm in enumerate(perms):
+            perm = torch.as_tensor(perm, dtype=torch.long)
+            if not torch.equal(perm.sort().values, torch.arange(self.codes_per_level)):
+                raise ValueError(f"level {level}: not a permutation of range({self.codes_per_level})")
+            renamed[level][perm] = codebooks[level]
+        out = ResidualQuantiser(self.levels, self.codes_per_level, self.iters, self.seed)
+        out.codebooks, out.temperatures = renamed, self.temperatures
+        return out
 
     def state_dict(self) -> dict[str, Tensor | int]:
         state = {
@@ -243,3 +280,23 @@ def quantiser_report(codes: Tensor, codes_per_level: int) -> dict[str, list[floa
         "entropy_normalised": [norm for _, norm in entropy],
         "collision_rate": collision_rate(codes),
     }
+
+
+def code_alignment(new: Tensor, old: Tensor, codes_per_level: int) -> Tensor:
+    """The renaming of today's codes that keeps most entities on yesterday's id: a permutation perm (K,) where
+    perm[j] is the id today's code j takes. `new` and `old` are one level's codes of the entities present on both
+    days. Maximum-weight matching of the K x K table of shared members (Hungarian, scipy's linear_sum_assignment):
+    a code inherits the id of the old code it shares most members with, and codes that share none take the ids
+    left over. Old codes >= K (a larger codebook yesterday) cannot be inherited: those tokens retire."""
+    from scipy.optimize import linear_sum_assignment
+
+    new, old = torch.as_tensor(new).long().cpu(), torch.as_tensor(old).long().cpu()
+    if new.shape != old.shape:
+        raise ValueError(f"new and old codes differ in shape: {tuple(new.shape)} vs {tuple(old.shape)}")
+    k = codes_per_level
+    keep = (old >= 0) & (old < k)
+    shared = torch.bincount(new[keep] * k + old[keep], minlength=k * k).view(k, k)
+    rows, cols = linear_sum_assignment(shared.numpy(), maximize=True)
+    perm = torch.empty(k, dtype=torch.long)
+    perm[torch.from_numpy(rows).long()] = torch.from_numpy(cols).long()
+    return perm

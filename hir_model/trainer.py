@@ -276,6 +276,25 @@ class Trainer:
         config = {"model": self.model_config.to_dict(), "train": self.train_config.to_dict()}
         return write_model_dir(model_dir, self.state(), config, self.history, lineage, quantiser)
 
+    def warm_start(self, model_dir: str | Path) -> None:
+        """Continue from another model version (yesterday's): its networks, AdamW moments and DINO centre, under
+        this run's schedules (the step counter starts at 0, so the lr warm-up and decay span this run). The
+        architecture must match; a mismatch is a ValueError naming the first differing tensor."""
+        state = load_weights(model_dir, map_location=self.device)
+        for name in ("student", "teacher", "student_head", "teacher_head"):
+            try:
+                getattr(self, name).load_state_dict(state[name])
+            except RuntimeError as err:
+                reason = " ".join(str(err).split())[:300]
+                raise ValueError(
+                    f"{Path(model_dir).name} has another architecture ({name}: {reason})"
+                ) from None
+        decay = [group["weight_decay"] for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(state["optimizer"])
+        for group, weight_decay in zip(self.optimizer.param_groups, decay, strict=True):
+            group["weight_decay"] = weight_decay  # this run's settings, the moments of the last one
+        self.center = state["center"].to(self.device)
+
     @classmethod
     def resume(cls, model_dir: str | Path, device: str | torch.device | None = None) -> Trainer:
         """A trainer in exactly the state `save` wrote: further steps match an uninterrupted run."""

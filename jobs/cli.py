@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "enrich": "jobs.enrich_entities",
     "train": "jobs.train_encoder",
     "embed": "jobs.embed_entities",
+    "drift": "jobs.measure_drift",
     "build-index": "jobs.build_index",
     "pipeline": "jobs.pipeline",
     "evaluate": "jobs.evaluate",

@@ -283,6 +283,56 @@ def bom_vocab(tokens: DataFrame, terms: DataFrame, label_terms: int) -> DataFram
     )
 
 
+def previous_vocab(spark: SparkSession, warehouse: str, ds: dt.date) -> DataFrame | None:
+    """The vocabulary of the latest day before `ds` (its retired rows left out), None when there is none."""
+    if not table_exists(spark, BOM_VOCAB, warehouse):
+        return None
+    earlier = read_table(spark, BOM_VOCAB, warehouse).where(F.col("ds") < F.lit(ds))
+    last = earlier.agg(F.max("ds")).first()[0]
+    if last is None:
+        return None
+    for column in ("status", "first_ds"):  # a table written before these columns existed
+        if column not in earlier.columns:
+            earlier = earlier.withColumn(column, F.lit(None).cast("string" if column == "status" else "date"))
+    return earlier.where((F.col("ds") == F.lit(last)) & F.coalesce(F.col("status") != "retired", F.lit(True)))
+
+
+def vocab_continuity(vocab: DataFrame, previous: DataFrame | None, ds: dt.date) -> DataFrame:
+    """Mark each token of the day new or continued against the previous day's vocabulary, carry its first day,
+    and add a size-0 'retired' row (with the previous day's parent and label) for every token the day lost.
+    Token ids are path strings, so this is a join on the id: jobs.train.continuity keeps the ids stable."""
+    if previous is None:
+        return vocab.withColumn("status", F.lit("new")).withColumn("first_ds", F.lit(ds))
+    before = previous.select(
+        "token",
+        F.col("bom_level").alias("prev_level"),
+        F.col("parent_token").alias("prev_parent"),
+        F.col("label").alias("prev_label"),
+        F.coalesce("first_ds", "ds").alias("prev_first_ds"),
+    )
+    today = vocab.join(before, "token", "left").select(
+        *vocab.columns,
+        F.when(F.col("prev_level").isNull(), F.lit("new")).otherwise(F.lit("continued")).alias("status"),
+        F.coalesce("prev_first_ds", F.lit(ds)).alias("first_ds"),
+    )
+    model_version = vocab.select("model_version").limit(1)
+    retired = (
+        before.join(vocab.select("token"), "token", "left_anti")
+        .crossJoin(model_version)
+        .select(
+            "token",
+            F.col("prev_level").alias("bom_level"),
+            F.col("prev_parent").alias("parent_token"),
+            F.lit(0).cast("long").alias("size"),
+            F.col("prev_label").alias("label"),
+            "model_version",
+            F.lit("retired").alias("status"),
+            F.col("prev_first_ds").alias("first_ds"),
+        )
+    )
+    return today.unionByName(retired)
+
+
 def served_content(
     spark: SparkSession, warehouse: str, model_dir: Path
 ) -> tuple[tuple[str, ...], int | None]:
@@ -408,7 +458,9 @@ def embed(spark: SparkSession, cfg: EmbedConfig) -> EmbedReport:
         nodes = read_table(spark, NODES, cfg.warehouse).where(F.col("ds") == F.lit(cfg.ds))
         entities = latest_entities(read_table(spark, ENTITIES, cfg.warehouse), cfg.ds)
         terms = descriptors(nodes, entities, rows)
-        vocab = bom_vocab(tokens, terms, cfg.label_terms)
+        vocab = vocab_continuity(
+            bom_vocab(tokens, terms, cfg.label_terms), previous_vocab(spark, cfg.warehouse, cfg.ds), cfg.ds
+        )
         versions["bom_vocab"] = write_table(
             with_day(vocab), BOM_VOCAB, cfg.warehouse, day, user_metadata=lineage
         )

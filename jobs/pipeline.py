@@ -7,17 +7,21 @@
     hir pipeline --ds 2026-01-07 --warehouse warehouse/synthetic --from-stage train --until-stage embed --force
     hir pipeline --ds 2026-01-07 --warehouse warehouse/rees46 --evaluate \\
         --stage-args evaluate="--protocol leave_last_conversion_out"
+    hir pipeline --ds-from 2026-01-01 --ds-to 2026-01-07 --warehouse warehouse/synthetic --source synthetic
 
-Scheduled daily, for yesterday's day (cron; Airflow: a BashOperator with the same command and `--ds {{ ds }}`):
+Scheduled daily, for yesterday's day (cron; Airflow: conf/airflow/hir_daily.py, one task per stage):
 
     0 3 * * * cd /opt/hir && .venv/bin/spark-submit --jars .jars/delta-spark_4.0_2.13-4.4.0.jar,.jars/delta-storage-4.4.0.jar jobs/pipeline.py --ds $(date -u -d yesterday +\\%F) --warehouse /data/hir/warehouse --config /etc/hir/pipeline.toml
 
-Stages, in order: ingest (only with --source), build-graph, sample-neighbourhoods, enrich, train, embed,
-build-index, evaluate (opt-in: --evaluate or an [evaluate] section in --config). Each runs through its own job's
-`config_from_args`, so every job flag is reachable and validated by the job itself: the pipeline adds `--ds` and
-`--warehouse` (ingest gets `--source` and `--warehouse`: it ingests every day of its input, pass --ds to it to
-reject other days; evaluate gets `--warehouse` and `--ds` only if its parser has one), embed gets `--model` with
-the version the train stage wrote, and the rest comes from, in this order (a later value of a flag wins):
+Stages, in order: ingest (only with --source), build-graph, sample-neighbourhoods, enrich, train (warm-started from
+the model day ds-1's record names, when it has one), embed, drift (against the previous day embedded; its
+--max-drift stops the day before build-index), build-index, evaluate (opt-in: --evaluate or an [evaluate] section
+in --config). --ds-from/--ds-to runs a backfill: the days in order, resumable (`run_backfill`). Each stage runs
+through its own job's `config_from_args`, so every job flag is reachable and validated by the job itself: the
+pipeline adds `--ds` and `--warehouse` (ingest gets `--source` and `--warehouse`: it ingests every day of its
+input, pass --ds to it to reject other days; evaluate gets `--warehouse` and `--ds` only if its parser has one),
+embed gets `--model` with the version the train stage wrote, and the rest comes from, in this order (a later value
+of a flag wins):
 
 * `--config FILE`, a TOML table per stage: `flag = value` pairs (`epochs = 3` -> `--epochs 3`, `no-progress =
   true` -> `--no-progress`, false leaves the flag out, a list gives several values) and/or `args = ["--epochs",
@@ -84,12 +88,14 @@ from schemas.tables import (
     INGEST_REJECTS,
     NEIGHBOURHOODS,
     NODES,
+    REPRESENTATION_DRIFT,
     SYNTHETIC_TRUTH,
     TableSpec,
 )
 
 LINEAGE_DIR = "_pipeline"  # under the warehouse: one lineage record per day, <ds>.json
 LINEAGE_FORMAT = 1
+PREVIOUS_MODEL = "train of ds-1"  # key of the model the day before trained, beside the day's own artifacts
 
 
 # -- the stages ----------------------------------------------------------------------------------------------
@@ -191,6 +197,10 @@ def _embed(spark, job, cfg):
     return job.embed(spark, cfg)
 
 
+def _drift(spark, job, cfg):
+    return job.measure(spark, cfg)
+
+
 def _build_index(spark, job, cfg):
     return job.build_index(spark, cfg)
 
@@ -284,6 +294,17 @@ STAGES: tuple[Stage, ...] = (
         ),
     ),
     Stage(
+        "drift",
+        "jobs.measure_drift",
+        reads=(EMBEDDINGS, BOM_TOKENS, NEIGHBOURHOODS),
+        writes=(REPRESENTATION_DRIFT,),
+        run=_drift,
+        summary=lambda r: (len(r.rows), "drift rows", r.line()),
+        problem=lambda r: r.problem,  # over --max-drift: the day stops here, before its index is published
+        artifact=lambda cfg, r: str(Path(r.report_path).resolve()) if r.report_path else None,
+        artifact_gone=lambda artifact: None if Path(artifact).exists() else f"report {artifact} is gone",
+    ),
+    Stage(
         "build-index",
         "jobs.build_index",
         reads=(EMBEDDINGS,),
@@ -328,7 +349,7 @@ BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    ds: dt.date
+    ds: dt.date  # the day; a backfill's first day
     warehouse: str = "warehouse"
     source: str | None = None  # None: no ingest, the day's events are in the warehouse already
     stage_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # config file, then command line
@@ -336,6 +357,12 @@ class PipelineConfig:
     until_stage: str | None = None
     force: bool = False
     evaluate: bool = False
+    ds_to: dt.date | None = None  # a backfill's last day (--ds-from ds --ds-to ds_to); None: one day
+
+    @property
+    def days(self) -> list[dt.date]:
+        last = self.ds_to or self.ds
+        return [self.ds + dt.timedelta(days=i) for i in range((last - self.ds).days + 1)]
 
 
 def stage_name(value: str, flag: str) -> str:
@@ -347,12 +374,20 @@ def stage_name(value: str, flag: str) -> str:
 def build_parser() -> JobArgumentParser:
     # No abbreviations: flags the pipeline does not know go to ingest, and must not match a pipeline flag's prefix.
     p = JobArgumentParser(prog="hir pipeline", description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument(
+    days = p.add_mutually_exclusive_group(required=True)
+    days.add_argument(
         "--ds",
         type=parse_ds,
-        required=True,
         help="Day to build (YYYY-MM-DD): every daily stage gets it, and the lineage record is per day.",
     )
+    days.add_argument(
+        "--ds-from",
+        type=parse_ds,
+        metavar="DS",
+        help="Backfill: first day of a range built day by day in order (with --ds-to), each day warm-starting "
+        "from the one before. A rerun resumes where the last one stopped (done days are fresh and skipped).",
+    )
+    p.add_argument("--ds-to", type=parse_ds, metavar="DS", help="Backfill: last day of the range, included.")
     add_warehouse_flag(p)
     p.add_argument(
         "--source",
@@ -465,8 +500,13 @@ def config_from_args(argv: Sequence[str] | None) -> PipelineConfig:
     from_cli = parse_stage_args(args.stage_args)
     stage_args = {name: (*from_file.get(name, ()), *from_cli.get(name, ())) for name in STAGE_NAMES}
     stage_args["ingest"] = (*stage_args["ingest"], *rest)
+    if (args.ds_from is None) != (args.ds_to is None):
+        raise HirError("--ds-from and --ds-to go together (or give one day with --ds)")
+    if args.ds_from is not None and args.ds_to < args.ds_from:
+        raise HirError(f"--ds-to {args.ds_to} is before --ds-from {args.ds_from}")
     cfg = PipelineConfig(
-        ds=args.ds,
+        ds=args.ds or args.ds_from,
+        ds_to=args.ds_to if args.ds_from is not None and args.ds_to != args.ds_from else None,
         warehouse=args.warehouse,
         source=args.source,
         stage_args={name: flags for name, flags in stage_args.items() if flags},
@@ -534,6 +574,8 @@ def stage_argv(stage: Stage, cfg: PipelineConfig, artifacts: Mapping[str, str | 
     injected: list[str] = []
     if stage.name == "embed" and artifacts.get("train") and not _sets(extra, "--model"):
         injected += ["--model", artifacts["train"]]  # the version train wrote, not merely the newest folder
+    if stage.name == "train" and artifacts.get(PREVIOUS_MODEL) and not _sets(extra, "--warm-start"):
+        injected += ["--warm-start", artifacts[PREVIOUS_MODEL]]  # day ds-1's model: the day continues it
     if stage.name == "ingest":
         injected += ["--source", cfg.source]
     if "--ds" in owned:
@@ -656,6 +698,26 @@ def day_lock(warehouse: str, ds: dt.date) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def previous_day_model(warehouse: str, ds: dt.date) -> str | None:
+    """The model version day ds-1's train stage recorded, if it is still there: the day's warm start."""
+    try:
+        record = read_lineage(warehouse, ds - dt.timedelta(days=1)).get("train") or {}
+    except HirError:  # a damaged record of the day before: a cold start, not a failed day
+        return None
+    artifact = record.get("artifact")
+    return artifact if artifact and _model_gone(artifact) is None else None
+
+
+@contextlib.contextmanager
+def days_locked(warehouse: str, days: Sequence[dt.date]) -> Iterator[None]:
+    """Hold the lock of every day of a backfill for the whole run: an overlapping backfill or a daily run of one
+    of its days fails at once, naming the day, and a run of other days goes on."""
+    with contextlib.ExitStack() as stack:
+        for day in days:
+            stack.enter_context(day_lock(warehouse, day))
+        yield
+
+
 def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
@@ -707,6 +769,7 @@ FIRST_RUN_COST: dict[str, float] = {
     "enrich": 1.5,
     "train": 5.5,
     "embed": 1.2,
+    "drift": 0.3,
     "build-index": 0.2,
     "evaluate": 12.0,
 }
@@ -774,6 +837,18 @@ class StageResult:
     rows_of: str = ""
     reason: str = ""  # why it ran, or why it was skipped
 
+    @classmethod
+    def skipped(cls, name: str, record: Mapping[str, Any], reason: str) -> StageResult:
+        """A stage not run: its line and rows come from its lineage record."""
+        return cls(
+            name,
+            "skipped",
+            line=record.get("line", ""),
+            rows=record.get("rows"),
+            rows_of=record.get("rows_of", ""),
+            reason=reason,
+        )
+
 
 @dataclass(frozen=True)
 class PipelineReport:
@@ -815,7 +890,72 @@ class StageFailed(HirError):
 
 def run_pipeline(spark, cfg: PipelineConfig, *, out: TextIO | None = None) -> PipelineReport:
     """Run the selected stages of the day in order, skipping fresh ones; raise StageFailed when one fails."""
+    with day_lock(cfg.warehouse, cfg.ds):
+        return _run_day(spark, cfg, out or sys.stdout)
+
+
+def run_backfill(spark, cfg: PipelineConfig, *, out: TextIO | None = None) -> list[PipelineReport]:
+    """Run every day from cfg.ds to cfg.ds_to in order, each like `run_pipeline`, holding all their locks. A rerun
+    resumes: the days an earlier run finished are skipped (`done_day`), the first unfinished one continues from its
+    first stale stage. Ingest (with --source) runs on the first day only: it reads whole files. The first failing
+    day stops the backfill (its successors would warm-start from a model it did not train); StageFailed names
+    it."""
     out = out or sys.stdout
+    reports: list[PipelineReport] = []
+    with days_locked(cfg.warehouse, cfg.days):
+        for index, day in enumerate(cfg.days):
+            tag = f"== backfill day {index + 1}/{len(cfg.days)}: {day}"
+            day_cfg = dataclasses.replace(cfg, ds=day, ds_to=None, source=cfg.source if index == 0 else None)
+            done = None if cfg.force else done_day(day_cfg)
+            if done is not None:
+                print(
+                    f"{tag}: done (every stage recorded with these flags and code), skipped",
+                    file=out,
+                    flush=True,
+                )
+                reports.append(done)
+                continue
+            print(tag, file=out, flush=True)
+            reports.append(_run_day(spark, day_cfg, out))
+    ran = sum(any(s.status == "ran" for s in r.stages) for r in reports)
+    print(
+        f"backfill {cfg.ds} .. {cfg.ds_to}: {len(reports)} days, {ran} with stages run, "
+        f"{len(reports) - ran} fresh, in {hms(sum(r.seconds for r in reports))}",
+        file=out,
+        flush=True,
+    )
+    return reports
+
+
+def done_day(cfg: PipelineConfig) -> PipelineReport | None:
+    """A backfill's day that an earlier run of it finished: every selected stage has a record with the flags and
+    code this run would use, and its model or index is still there. Its report (all skipped), else None.
+
+    Table versions are not compared, unlike a single day's freshness: the later days of the backfill rewrite the
+    shared tables (their own partitions of nodes, edges ...), which would make every finished day stale and a
+    resumed backfill rebuild all of them. `--force` rebuilds every day."""
+    records = read_lineage(cfg.warehouse, cfg.ds)
+    artifacts = {name: rec.get("artifact") for name, rec in records.items()}
+    artifacts[PREVIOUS_MODEL] = previous_day_model(cfg.warehouse, cfg.ds)
+    results = []
+    for stage in selected(cfg):
+        record = records.get(stage.name)
+        if record is None:
+            return None
+        try:
+            print_ = fingerprint(stage.config(stage_argv(stage, cfg, artifacts)))
+        except HirError:
+            return None  # _run_day reports it
+        if record.get("fingerprint") != print_ or record.get("code") != stage.code():
+            return None
+        if record.get("artifact") and stage.artifact_gone(record["artifact"]) is not None:
+            return None
+        results.append(StageResult.skipped(stage.name, record, "done in an earlier run of the backfill"))
+    return PipelineReport(cfg.ds, cfg.warehouse, tuple(results), 0.0)
+
+
+def _run_day(spark, cfg: PipelineConfig, out: TextIO) -> PipelineReport:
+    """run_pipeline's body, under the day's lock (held by the caller)."""
     stages = plan(cfg)
     started = time.perf_counter()
     results: list[StageResult] = []
@@ -830,106 +970,95 @@ def run_pipeline(spark, cfg: PipelineConfig, *, out: TextIO | None = None) -> Pi
             cfg.ds, cfg.warehouse, (*results, *rest), round(time.perf_counter() - started, 3)
         )
 
-    with day_lock(cfg.warehouse, cfg.ds):
-        records = read_lineage(cfg.warehouse, cfg.ds)
-        artifacts = {name: rec.get("artifact") for name, rec in records.items()}
-        recorded = {
-            **earlier_seconds(cfg.warehouse, cfg.ds),
-            **{n: float(r["seconds"]) for n, r in records.items() if "seconds" in r},
+    records = read_lineage(cfg.warehouse, cfg.ds)
+    artifacts = {name: rec.get("artifact") for name, rec in records.items()}
+    artifacts[PREVIOUS_MODEL] = previous_day_model(cfg.warehouse, cfg.ds)
+    recorded = {
+        **earlier_seconds(cfg.warehouse, cfg.ds),
+        **{n: float(r["seconds"]) for n, r in records.items() if "seconds" in r},
+    }
+    ran_seconds: dict[str, float] = {}
+    rerun_from: str | None = None  # the first stage that ran: every later one runs too
+    for position, stage in enumerate(stages, 1):
+        tag = f"[{position}/{len(stages)}] {stage.name}"
+        argv = stage_argv(stage, cfg, artifacts)
+        job = stage.job()
+        try:
+            job_cfg = stage.config(argv)
+        except HirError as err:
+            results.append(StageResult(stage.name, "failed", reason=str(err)))
+            raise StageFailed(stage.name, str(err), 2, _summarised(report_so_far(), emit)) from None
+        print_ = fingerprint(job_cfg)
+        code = stage.code()
+        inputs = {
+            **table_versions(spark, stage.reads, cfg.warehouse),
+            **file_stamps(stage.input_files(job_cfg)),
         }
-        ran_seconds: dict[str, float] = {}
-        rerun_from: str | None = None  # the first stage that ran: every later one runs too
-        for position, stage in enumerate(stages, 1):
-            tag = f"[{position}/{len(stages)}] {stage.name}"
-            argv = stage_argv(stage, cfg, artifacts)
-            job = stage.job()
-            try:
-                job_cfg = stage.config(argv)
-            except HirError as err:
-                results.append(StageResult(stage.name, "failed", reason=str(err)))
-                raise StageFailed(stage.name, str(err), 2, _summarised(report_so_far(), emit)) from None
-            print_ = fingerprint(job_cfg)
-            code = stage.code()
-            inputs = {
-                **table_versions(spark, stage.reads, cfg.warehouse),
-                **file_stamps(stage.input_files(job_cfg)),
-            }
-            record = records.get(stage.name)
-            if cfg.force:
-                reason = "--force"
-            elif rerun_from is not None:
-                reason = f"runs after {rerun_from}"
-            else:
-                reason = staleness(
-                    stage, record, print_, code, inputs, table_versions(spark, stage.writes, cfg.warehouse)
-                )
-            if reason is None:
-                note = _fresh_note(record)
-                emit(f"{tag} skipped ({note})")
-                results.append(
-                    StageResult(
-                        stage.name,
-                        "skipped",
-                        line=record.get("line", ""),
-                        rows=record.get("rows"),
-                        rows_of=record.get("rows_of", ""),
-                        reason=note,
-                    )
-                )
-                continue
+        record = records.get(stage.name)
+        if cfg.force:
+            reason = "--force"
+        elif rerun_from is not None:
+            reason = f"runs after {rerun_from}"
+        else:
+            reason = staleness(
+                stage, record, print_, code, inputs, table_versions(spark, stage.writes, cfg.warehouse)
+            )
+        if reason is None:
+            note = _fresh_note(record)
+            emit(f"{tag} skipped ({note})")
+            results.append(StageResult.skipped(stage.name, record, note))
+            continue
 
-            left = estimate_left([s.name for s in stages[position - 1 :]], recorded, ran_seconds)
-            emit(f"{tag} ... ({reason}) | {progress_note(time.perf_counter() - started, left)}")
-            clock = time.perf_counter()
-            try:
-                report = stage.run(spark, job, job_cfg)
-                problem = stage.problem(report)
-            except HirError as err:
-                _forget(cfg, records, stage)
-                results.append(
-                    StageResult(stage.name, "failed", round(time.perf_counter() - clock, 3), reason=str(err))
-                )
-                raise StageFailed(stage.name, str(err), 2, _summarised(report_so_far(), emit)) from None
-            except BaseException as err:
-                _forget(cfg, records, stage)
-                results.append(
-                    StageResult(stage.name, "failed", round(time.perf_counter() - clock, 3), reason=repr(err))
-                )
-                _summarised(report_so_far(), emit)
-                print(
-                    f"error: stage {stage.name} failed with {type(err).__name__} (traceback below)",
-                    file=sys.stderr,
-                )
-                raise
-            seconds = round(time.perf_counter() - clock, 3)
-            rows, rows_of, line = stage.summary(report)
-            if problem is not None:
-                _forget(cfg, records, stage)
-                results.append(
-                    StageResult(stage.name, "failed", seconds, report, line, rows, rows_of, problem)
-                )
-                emit(f"{tag} failed after {seconds:.1f}s: {line}")
-                raise StageFailed(stage.name, problem, 1, _summarised(report_so_far(), emit))
-            artifact = stage.artifact(job_cfg, report)
-            artifacts[stage.name] = artifact
-            records[stage.name] = {
-                "fingerprint": print_,
-                "code": code,
-                "argv": argv,
-                "inputs": _plain(inputs),
-                "outputs": table_versions(spark, stage.writes, cfg.warehouse),
-                "artifact": artifact,
-                "rows": rows,
-                "rows_of": rows_of,
-                "line": line,
-                "seconds": seconds,
-                "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            }
-            write_lineage(cfg.warehouse, cfg.ds, records)
-            rerun_from = rerun_from or stage.name
-            ran_seconds[stage.name] = seconds
-            emit(f"{tag} done in {seconds:.1f}s: {line}")
-            results.append(StageResult(stage.name, "ran", seconds, report, line, rows, rows_of, reason))
+        left = estimate_left([s.name for s in stages[position - 1 :]], recorded, ran_seconds)
+        emit(f"{tag} ... ({reason}) | {progress_note(time.perf_counter() - started, left)}")
+        clock = time.perf_counter()
+        try:
+            report = stage.run(spark, job, job_cfg)
+            problem = stage.problem(report)
+        except HirError as err:
+            _forget(cfg, records, stage)
+            results.append(
+                StageResult(stage.name, "failed", round(time.perf_counter() - clock, 3), reason=str(err))
+            )
+            raise StageFailed(stage.name, str(err), 2, _summarised(report_so_far(), emit)) from None
+        except BaseException as err:
+            _forget(cfg, records, stage)
+            results.append(
+                StageResult(stage.name, "failed", round(time.perf_counter() - clock, 3), reason=repr(err))
+            )
+            _summarised(report_so_far(), emit)
+            print(
+                f"error: stage {stage.name} failed with {type(err).__name__} (traceback below)",
+                file=sys.stderr,
+            )
+            raise
+        seconds = round(time.perf_counter() - clock, 3)
+        rows, rows_of, line = stage.summary(report)
+        if problem is not None:
+            _forget(cfg, records, stage)
+            results.append(StageResult(stage.name, "failed", seconds, report, line, rows, rows_of, problem))
+            emit(f"{tag} failed after {seconds:.1f}s: {line}")
+            raise StageFailed(stage.name, problem, 1, _summarised(report_so_far(), emit))
+        artifact = stage.artifact(job_cfg, report)
+        artifacts[stage.name] = artifact
+        records[stage.name] = {
+            "fingerprint": print_,
+            "code": code,
+            "argv": argv,
+            "inputs": _plain(inputs),
+            "outputs": table_versions(spark, stage.writes, cfg.warehouse),
+            "artifact": artifact,
+            "rows": rows,
+            "rows_of": rows_of,
+            "line": line,
+            "seconds": seconds,
+            "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        }
+        write_lineage(cfg.warehouse, cfg.ds, records)
+        rerun_from = rerun_from or stage.name
+        ran_seconds[stage.name] = seconds
+        emit(f"{tag} done in {seconds:.1f}s: {line}")
+        results.append(StageResult(stage.name, "ran", seconds, report, line, rows, rows_of, reason))
     return _summarised(report_so_far(), emit)
 
 
@@ -948,9 +1077,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
     from jobs.common.spark import get_spark
 
-    spark = get_spark(f"hir-pipeline-{cfg.ds}")
+    spark = get_spark(f"hir-pipeline-{cfg.ds}" + (f"-{cfg.ds_to}" if cfg.ds_to else ""))
     try:
-        run_pipeline(spark, cfg)
+        if cfg.ds_to is not None:
+            run_backfill(spark, cfg)
+        else:
+            run_pipeline(spark, cfg)
     except StageFailed as failed:
         print(f"error: {failed}", file=sys.stderr)
         return failed.exit_code

@@ -21,6 +21,11 @@ continuing the last checkpoint exactly. After training the residual quantiser (B
 teacher embeddings of the day's entities; its usage/entropy/collision metrics and the purity of the items'
 level-0 codes against their categories go into the last line of metrics.jsonl (`"summary": true`).
 
+Day to day: `--warm-start previous|<version>|<folder>` continues a model's networks, AdamW state and DINO centre
+for `--warm-epochs` (a quarter of --epochs by default), validating the continued model before the first step, and
+fits the quantiser from its codebooks; whatever the start, the day's codes are renamed to the ids the latest
+earlier day's `bom_tokens` gave the same entities (jobs.train.continuity), so token ids keep their meaning.
+
 Output: `<model-dir>/<version>/` (weights.pt loadable with torch.load(weights_only=True), config.json,
 quantiser.pt, metrics.jsonl, lineage.json), written atomically; an existing version is never overwritten. The
 default version name hashes the flags, the input versions and the code version (a hash of the source of this job
@@ -49,7 +54,7 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
-from hir_model.checkpoint import read_metrics, write_model_dir
+from hir_model.checkpoint import load_quantiser, read_metrics, write_model_dir
 from hir_model.config import ModelConfig, TrainConfig
 from hir_model.data import (
     NeighbourhoodRows,
@@ -70,6 +75,14 @@ from jobs.common.delta import TableSnapshot, first_line, table_snapshot
 from jobs.common.errors import HirError
 from jobs.common.stage import StageLog
 from jobs.sample_neighbourhoods import SampleConfig
+from jobs.train.continuity import (
+    WARM_NONE,
+    PreviousTokens,
+    align_quantiser,
+    model_day,
+    read_previous_tokens,
+    resolve_warm_start,
+)
 from jobs.train.next_period import NextPeriod, next_period, parse_cutoff
 
 # Loss weight of a next-period engagement by its deepest stage: deep ones count most (see --positive-weights).
@@ -129,6 +142,18 @@ class TrainJobConfig:
     codes_per_level: int | None = None  # default: min(256, sqrt(entities))
     progress: bool | None = None  # default: when stderr is a terminal, a live line; else a line every 5%
     allow_collapsed: bool = False  # a collapsed run is a result (the evaluation's ablations), not a failure
+    warm_start: str | None = None  # a model version folder to continue from (resolved); None: cold start
+    warm_epochs: int | None = None  # epochs of a warm-started run; default a quarter of `epochs`
+    align_tokens: bool = (
+        True  # rename the day's codes to the ids yesterday's bom_tokens gave the same entities
+    )
+
+    @property
+    def budget_epochs(self) -> int:
+        """Epochs this run may take: a warm start continues a trained model, so it gets a smaller budget."""
+        if self.warm_start is None:
+            return self.epochs
+        return self.warm_epochs or max(1, math.ceil(self.epochs / 4))
 
     @property
     def models(self) -> Path:
@@ -159,10 +184,16 @@ class TrainJobConfig:
             "id_buckets",
             "levels",
             "codes_per_level",
+            "warm_epochs",
+            "align_tokens",
         )
         values = asdict(self)
         dated = ("ds", "train_cutoff")
-        return {k: str(values[k]) if k in dated and values[k] is not None else values[k] for k in keep}
+        out = {k: str(values[k]) if k in dated and values[k] is not None else values[k] for k in keep}
+        # The version folder's name says which model was continued (its name hashes that model's own inputs);
+        # where it lies does not change the weights.
+        out["warm_start"] = Path(self.warm_start).name if self.warm_start else None
+        return out
 
 
 # -- flags ---------------------------------------------------------------------------------------------------
@@ -308,6 +339,32 @@ def build_parser() -> JobArgumentParser:
         help="Continue this version's interrupted run from its latest checkpoint; the result equals an "
         "uninterrupted run. Without it an interrupted run of the same version is discarded and restarted.",
     )
+    g = p.add_argument_group("day to day (warm starts and stable tokens)")
+    g.add_argument(
+        "--warm-start",
+        default=WARM_NONE,
+        metavar="MODEL",
+        help="Continue from a model's weights, AdamW state and DINO centre instead of a random init: 'previous' "
+        "(the newest model of the latest earlier day under --model-dir; a cold start, with a note, when there is "
+        "none), a version name under --model-dir, or a model version folder. Default none (cold). `hir pipeline` "
+        "passes the model of day ds-1 when its record has one: yesterday's embedding axes carry over, so "
+        "features that ranking models learned on stay meaningful.",
+    )
+    g.add_argument(
+        "--warm-epochs",
+        type=_positive,
+        help="Epochs of a warm-started run, at most (default a quarter of --epochs, at least 1): the model "
+        "starts trained, so a day's new data needs a fraction of a cold run. The continued model is validated "
+        "before its first step, so the day serves it unchanged when no epoch beats it.",
+    )
+    g.add_argument(
+        "--no-align-tokens",
+        dest="align_tokens",
+        action="store_false",
+        help="Keep the quantiser's own code ids. By default the day's codes are renamed to the ids that the "
+        "latest earlier day's bom_tokens gave the most of the same entities (maximum-weight matching per level), "
+        "so a token id keeps its meaning from day to day, warm start or cold.",
+    )
     g = p.add_argument_group("execution")
     g.add_argument(
         "--loader",
@@ -409,6 +466,10 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
     train_cutoff = parse_cutoff(args.train_cutoff)
     if args.version is not None and (not args.version or "/" in args.version or args.version.startswith(".")):
         raise HirError(f"--version '{args.version}' must be a plain folder name")
+    if args.warm_epochs is not None and args.warm_start == WARM_NONE:
+        raise HirError("--warm-epochs needs --warm-start: a cold start trains for --epochs")
+    models = Path(args.model_dir) if args.model_dir else Path(args.warehouse) / "models"
+    warm = resolve_warm_start(args.warm_start, models, args.ds)
     return TrainJobConfig(
         ds=args.ds,
         warehouse=args.warehouse,
@@ -445,6 +506,9 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         codes_per_level=args.codes_per_level,
         progress=args.progress,
         allow_collapsed=args.allow_collapsed,
+        warm_start=str(warm) if warm else None,
+        warm_epochs=args.warm_epochs if warm else None,
+        align_tokens=args.align_tokens,
     )
 
 
@@ -461,13 +525,17 @@ class TrainingInputs:
     next_period: NextPeriod  # input rows before the training cut-off, positives after it
     category_items: np.ndarray  # (C,) items with a category edge, and their heaviest category
     category_ids: np.ndarray
+    previous_tokens: PreviousTokens | None = None  # the latest earlier day's exact paths (token alignment)
 
-    def versions(self) -> dict[str, int | None]:
-        return {
+    def versions(self) -> dict[str, int | str | None]:
+        versions: dict[str, int | str | None] = {
             "neighbourhoods": self.neighbourhoods.version,
             "edges": self.edges["version"],
             "entity_content": self.content.version if self.content else None,
         }
+        if self.previous_tokens is not None:  # the ids the day's tokens are renamed to
+            versions["previous_tokens"] = self.previous_tokens.identity()
+        return versions
 
 
 def categories_of_items(
@@ -554,7 +622,8 @@ def resolve_inputs(spark, cfg: TrainJobConfig) -> TrainingInputs:
         cfg.content_version is not None or table_exists(spark, ENTITY_CONTENT, cfg.warehouse)
     ):
         content = table_snapshot(spark, ENTITY_CONTENT, cfg.warehouse, cfg.content_version, None)
-    return TrainingInputs(neighbourhoods, edges, content, period, cat_items, cat_ids)
+    previous = read_previous_tokens(spark, cfg.warehouse, cfg.ds) if cfg.align_tokens else None
+    return TrainingInputs(neighbourhoods, edges, content, period, cat_items, cat_ids, previous)
 
 
 def neighbourhoods_max_tokens(snapshot: TableSnapshot) -> int:
@@ -601,7 +670,7 @@ def build_configs(
     cfg: TrainJobConfig, rows: NeighbourhoodRows, content_dim: int, steps: int
 ) -> tuple[ModelConfig, TrainConfig]:
     """Model and optimiser settings: sizes from the flags, token length and content size from the data, and
-    warm-ups scaled to the run's length."""
+    warm-ups scaled to the run's length (none for the teacher of a warm start: it is trained already)."""
     model = ModelConfig(
         id_buckets=cfg.id_buckets,
         dim=cfg.dim,
@@ -614,7 +683,9 @@ def build_configs(
         distill_weight=ModelConfig.distill_weight if cfg.use_distillation else 0.0,
         num_prototypes=cfg.prototypes,
         # DINO warms the teacher temperature up over 30% of training (30 of 100 epochs); 1000 steps at most.
-        teacher_temp_warmup_steps=min(ModelConfig.teacher_temp_warmup_steps, max(1, steps * 3 // 10)),
+        teacher_temp_warmup_steps=(
+            0 if cfg.warm_start else min(ModelConfig.teacher_temp_warmup_steps, max(1, steps * 3 // 10))
+        ),
         # The teacher averages about the last steps/10 students (momentum 1 - 10/steps), DINO's 0.996 at most:
         # at 0.996 a 100-step run serves a teacher still 2/3 its random init (0.996^100). Measured on the synthetic
         # day (3000 rows, 520 steps): item level-0 purity 0.44 with this rule vs 0.20 with 0.996 (chance 0.10).
@@ -707,22 +778,41 @@ def quantise_day(
     levels: int,
     codes_per_level: int | None,
     seed: int,
+    init: ResidualQuantiser | None = None,
 ) -> tuple[ResidualQuantiser, dict[str, Any]]:
-    """Fit the BoM quantiser on the day's embeddings; report usage, entropy, collisions (all entities and per type)
-    and the purity of the items' level-0 codes against their categories (with a shuffled-label chance level)."""
+    """Fit the BoM quantiser on the day's embeddings (from `init`'s codebooks when it has the same shape: the
+    warm-started model's), rename its codes to yesterday's ids (jobs.train.continuity), and report usage, entropy,
+    collisions (all entities and per type), the purity of the items' level-0 codes against their categories (with
+    a shuffled-label chance level) and the share of entities that kept their code ids."""
     n = embeddings.shape[0]
-    codes = codes_per_level or min(256, max(2, math.isqrt(n)))
+    # A warm start keeps yesterday's codebook size, so its codes can carry over; else min(256, sqrt(N)).
+    codes = codes_per_level or (
+        init.codes_per_level
+        if init is not None and init.levels == levels and init.codes_per_level <= n
+        else min(256, max(2, math.isqrt(n)))
+    )
     if codes > n:
         raise HirError(f"--codes-per-level {codes} exceeds the {n} entities of the day")
     generator = torch.Generator().manual_seed(seed)
     sample = min(n, _POINTS_PER_CODE * codes)
     fit_rows = torch.randperm(n, generator=generator)[:sample].sort().values
-    quantiser = ResidualQuantiser(levels=levels, codes_per_level=codes, seed=seed).fit(embeddings[fit_rows])
-    hard = quantiser.encode(embeddings)  # (N, levels)
+    same_shape = (
+        init is not None
+        and init.codebooks is not None
+        and tuple(init.codebooks.shape) == (levels, codes, embeddings.shape[1])
+    )
+    quantiser = ResidualQuantiser(levels=levels, codes_per_level=codes, seed=seed).fit(
+        embeddings[fit_rows], init=init if same_shape else None
+    )
+    quantiser, hard, alignment = align_quantiser(
+        quantiser, quantiser.encode(embeddings), rows.node_id, inputs.previous_tokens
+    )
     report: dict[str, Any] = {
         "levels": levels,
         "codes_per_level": codes,
         "fit_rows": sample,
+        "seeded_from_warm_start": same_shape,
+        "alignment": alignment,
         **quantiser_report(hard, codes),
         "by_type": {},
     }
@@ -782,9 +872,14 @@ class TrainReport:
         state = ("COLLAPSED" if self.collapsed else "ok") + (
             ", existed already: nothing trained" if self.reused else ""
         )
+        warm = self.summary.get("warm_start")
+        kept = (q.get("alignment") or {}).get("code_kept")
+        continuity = (f", warm from {warm}" if warm else ", cold start") + (
+            f", token ids kept {[None if k is None else round(k, 3) for k in kept]}" if kept else ""
+        )
         return (
             f"model {self.version} [{state}]: {self.steps} steps in {self.seconds:.1f}s on "
-            f"{self.summary['rows']} rows / {self.summary['pairs']} conversion pairs; final loss "
+            f"{self.summary['rows']} rows / {self.summary['pairs']} conversion pairs{continuity}; final loss "
             f"{self.summary['final_loss']:.3f}, distill {self.summary['final_distill']:.3f} (ln K "
             f"{self.summary['ln_k']:.3f}); quantiser {q['levels']}x{q['codes_per_level']} usage "
             f"{[round(u, 3) for u in q['usage']]}, collisions {q['collision_rate']:.3f}{purity_text} -> {self.path}"
@@ -918,7 +1013,7 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     layout = PairBatches(
         period.inputs, rows, train_pairs, cfg.batch_size, cfg.negatives, steps=0, seed=cfg.seed
     )
-    steps = cfg.steps or cfg.epochs * layout.batches_per_epoch
+    steps = cfg.steps or cfg.budget_epochs * layout.batches_per_epoch
     model_config, train_config = build_configs(cfg, rows, content.content_dim if content else 0, steps)
 
     run_dir = cfg.models / RUNS_DIR / version
@@ -929,6 +1024,13 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "train": train_config.to_dict(),
     }
     trainer, resumed_from = start_or_resume(cfg.resume, version, run_dir, run_key, device)
+    selection = EpochSelection(validation, content, layout.batches_per_epoch, cfg.patience)
+    if cfg.warm_start and resumed_from is None:
+        try:
+            trainer.warm_start(cfg.warm_start)
+        except ValueError as err:
+            raise HirError(f"--warm-start: {err}; pass --warm-start none for a cold start") from None
+        selection.after_step(trainer, {})  # the continued model is the one to beat (step 0 validates)
     loader = PairBatches(
         period.inputs,
         rows,
@@ -940,7 +1042,6 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         content=content,
         start_step=trainer.step,
     )
-    selection = EpochSelection(validation, content, layout.batches_per_epoch, cfg.patience)
     fit_logged(trainer, loader, run_dir, Progress(version, steps, trainer.step, cfg.progress), selection)
     trainer.restore_best()
 
@@ -956,7 +1057,13 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         collapsed = len(embeddings) > 1 and day_std < _MIN_EMBEDDING_STD
         detail = f"distillation off: prototype checks skipped; embedding std {day_std:.4f}"
     quantiser, quantiser_metrics = quantise_day(
-        embeddings, rows, inputs, cfg.levels, cfg.codes_per_level, cfg.seed
+        embeddings,
+        rows,
+        inputs,
+        cfg.levels,
+        cfg.codes_per_level,
+        cfg.seed,
+        load_quantiser(cfg.warm_start) if cfg.warm_start else None,
     )
     window = trainer.history[-max(1, len(trainer.history) // 10) :]
     seconds = round(time.perf_counter() - started, 3)
@@ -964,6 +1071,7 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "summary": True,
         "steps": trainer.step,
         "epochs": round(trainer.step / layout.batches_per_epoch, 3),
+        "warm_start": Path(cfg.warm_start).name if cfg.warm_start else None,
         "rows": len(rows),
         "rows_by_type": {t: int((rows.node_type == t).sum()) for t in sorted(set(rows.node_type.tolist()))},
         "pairs": len(train_pairs),
@@ -1003,6 +1111,15 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "device": str(device),
         "torch_version": torch.__version__,
         "resumed_from_step": resumed_from,
+        "warm_start": (
+            {
+                "version": Path(cfg.warm_start).name,
+                "path": cfg.warm_start,
+                "ds": str(model_day(Path(cfg.warm_start))),
+            }
+            if cfg.warm_start
+            else None
+        ),
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     config = {

@@ -310,7 +310,7 @@ NEIGHBOURHOODS = TableSpec(
             _col(
                 "sample_seed",
                 LongType(),
-                "Seed of the hash-based sampling keys (with ds): the same seed gives the same sample.",
+                "Seed of the hash-based sampling keys: the same seed and edges give the same sample on any day.",
                 False,
             ),
             DS,
@@ -382,7 +382,11 @@ BOM_TOKENS = TableSpec(
 
 BOM_VOCAB = TableSpec(
     name="bom_vocab",
-    doc="Token vocabulary of a day: parent token, member count and a human-readable label.",
+    doc=(
+        "Token vocabulary of a day: parent token, member count, a human-readable label, and whether the token is "
+        "new, continues from the previous day or retired that day (a retired token's row has size 0 and the "
+        "previous day's label)."
+    ),
     schema=StructType(
         [
             _col("token", StringType(), "Token id.", False),
@@ -394,6 +398,18 @@ BOM_VOCAB = TableSpec(
                 StringType(),
                 "Readable label from members' typical categories/brands/taxonomy words.",
                 False,
+            ),
+            _col(
+                "status",
+                StringType(),
+                "new (no such token the previous day), continued (the previous day had it), or retired (the "
+                "previous day had it, this day has not: size 0). NULL on rows written before it existed.",
+            ),
+            _col(
+                "first_ds",
+                DateType(),
+                "First day the token was in the vocabulary (carried along while it continues). NULL on rows "
+                "written before it existed.",
             ),
             _col("model_version", StringType(), "Model version.", False),
             DS,
@@ -446,6 +462,60 @@ EVAL_METRICS = TableSpec(
     partition_by=("ds",),
 )
 
+REPRESENTATION_DRIFT = TableSpec(
+    name="representation_drift",
+    doc=(
+        "How far a day's representations moved from the previous day's, per entity type and cohort: entities "
+        "whose neighbourhood sample holds the same neighbours on both days (unchanged), the others (changed), "
+        "and all of them. Entities present on only one day are not counted."
+    ),
+    schema=StructType(
+        [
+            _col("entity_type", StringType(), "user, item, advertiser, category.", False),
+            _col(
+                "cohort",
+                StringType(),
+                "unchanged (the same neighbour ids on both days), changed, or all.",
+                False,
+            ),
+            _col(
+                "previous_ds", DateType(), "The day compared with (the latest earlier day embedded).", False
+            ),
+            _col("entities", LongType(), "Entities of the type and cohort embedded on both days.", False),
+            _col(
+                "cosine_mean",
+                DoubleType(),
+                "Mean cosine between an entity's embedding on ds and on previous_ds (NULL when the dims differ).",
+            ),
+            _col("cosine_p10", DoubleType(), "10th percentile of that cosine (exact, interpolated)."),
+            _col(
+                "cosine_p50", DoubleType(), "Median of that cosine; 1 - it is the drift the threshold checks."
+            ),
+            _col("cosine_p90", DoubleType(), "90th percentile of that cosine."),
+            _col(
+                "overlap_at_10",
+                DoubleType(),
+                "Mean share of an entity's 10 nearest same-type neighbours (among entities of both days) that are "
+                "the same on both days, over a hash sample of the entities.",
+            ),
+            _col("overlap_sampled", LongType(), "Entities the overlap was measured on.", False),
+            _col(
+                "level0_kept", DoubleType(), "Share whose strongest level-0 token is the same on both days."
+            ),
+            _col(
+                "level1_kept",
+                DoubleType(),
+                "Share whose strongest level-1 token (its path: level-0 and level-1 codes) is the same.",
+            ),
+            _col("model_version", StringType(), "Model version of ds.", False),
+            _col("previous_model_version", StringType(), "Model version of previous_ds.", False),
+            DS,
+        ]
+    ),
+    partition_by=("ds",),
+    properties=_DAILY_PROPS,
+)
+
 ALL_TABLES: dict[str, TableSpec] = {
     t.name: t
     for t in (
@@ -460,6 +530,7 @@ ALL_TABLES: dict[str, TableSpec] = {
         EMBEDDINGS,
         BOM_TOKENS,
         BOM_VOCAB,
+        REPRESENTATION_DRIFT,
         EVAL_METRICS,
     )
 }

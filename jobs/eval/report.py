@@ -680,10 +680,8 @@ def write_report(
 ) -> Path:
     """Write `report.md`, `recall_at_k.svg`, `ndcg_at_k.svg` and (with token_usage) `token_usage.svg` into folder.
 
-    Everything is first written to a temporary folder beside `folder` (same filesystem), then each file is moved in
-    with `os.replace`, `report.md` last: a reader sees every file either old or new, never half written, and a new
-    report never points at an old chart. Other files in `folder` are left alone, except a `token_usage.svg` from
-    an earlier run when this one has no token usage. Returns the report's path.
+    Written atomically by `publish_report`; a `token_usage.svg` (or ranking chart) of an earlier run that this one
+    has not is removed. Returns the report's path.
 
     token_usage: quantiser level -> series (e.g. 'codes used share', 'normalised entropy', 'collision rate') ->
     value in [0, 1].
@@ -717,6 +715,19 @@ def write_report(
         lines += [f"![{name}]({name})" + "\n" for name in ranking_plots]
         markdown += "\n" + "\n".join(lines)
 
+    stale = [name for name in (TOKEN_CHART, LIFT_CHART, IMPORTANCE_CHART) if name not in charts]
+    return publish_report(folder, charts, markdown, stale=stale)
+
+
+def publish_report(
+    folder: Path, charts: Mapping[str, str], markdown: str, *, stale: Sequence[str] = ()
+) -> Path:
+    """Write the charts and `report.md` into `folder` so that a reader never sees half a report: every file goes
+    to a temporary folder beside it (same filesystem) first, then moves in with `os.replace`, `report.md` last, so
+    a new report never points at an old chart. `stale` files (charts an earlier run had) are removed; other files
+    are left alone. Returns the report's path."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
         for file_name, text in charts.items():
@@ -725,9 +736,8 @@ def write_report(
         folder.mkdir(exist_ok=True)
         for file_name in [*charts, REPORT_FILE]:
             os.replace(staging / file_name, folder / file_name)
-        for stale in (TOKEN_CHART, LIFT_CHART, IMPORTANCE_CHART):
-            if stale not in charts:
-                (folder / stale).unlink(missing_ok=True)
+        for name in stale:
+            (folder / name).unlink(missing_ok=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder / REPORT_FILE

@@ -124,3 +124,29 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(
             assert torch.equal(actual[key], expected[key]), f"{name}.{key}"
     torch.testing.assert_close(resumed.center, uninterrupted.center, rtol=0, atol=1e-6)
     assert [m["loss"] for m in resumed.history] == pytest.approx([m["loss"] for m in uninterrupted.history])
+
+
+def test_a_warm_start_continues_yesterdays_networks_and_moments_under_a_new_schedule(
+    tmp_path: Path, tiny_config: ModelConfig, data
+) -> None:
+    yesterday = Trainer(tiny_config, TRAIN, device="cpu")
+    yesterday.fit(batches(data, 4, seed=1))
+    yesterday.save(tmp_path / "yesterday")
+    shorter = TrainConfig(lr=1e-3, steps=2, batch_size=32, warmup_steps=1, seed=12, weight_decay=0.01)
+    today = Trainer(tiny_config, shorter, device="cpu")
+    today.warm_start(tmp_path / "yesterday")
+    assert today.step == 0  # this run's schedules start over
+    for name in ("student", "teacher", "student_head", "teacher_head"):
+        for key, value in getattr(yesterday, name).state_dict().items():
+            assert torch.equal(getattr(today, name).state_dict()[key], value), f"{name}.{key}"
+    torch.testing.assert_close(today.center, yesterday.center)
+    moments = today.optimizer.state_dict()["state"]
+    assert moments and all(int(s["step"]) == 4 for s in moments.values())  # AdamW's moments carried over
+    assert [g["weight_decay"] for g in today.optimizer.param_groups] == [0.01, 0.0]
+    torch.testing.assert_close(today.embed(data.users), yesterday.embed(data.users))
+    today.fit(batches(data, 2, seed=2))
+    assert today.history[0]["lr"] == pytest.approx(1e-3)  # warm-up of one step: this run's peak at once
+
+    wider = ModelConfig.from_dict({**tiny_config.to_dict(), "dim": 16})
+    with pytest.raises(ValueError, match="another architecture"):
+        Trainer(wider, shorter, device="cpu").warm_start(tmp_path / "yesterday")

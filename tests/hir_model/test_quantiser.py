@@ -9,6 +9,7 @@ from hir_model.quantiser import (
     LEGACY_TEMPERATURE,
     ResidualQuantiser,
     calibrated_temperature,
+    code_alignment,
     code_entropy,
     code_usage,
     collision_rate,
@@ -127,3 +128,46 @@ def test_fitted_bags_spread_their_weights_instead_of_splitting_evenly() -> None:
     assert quantiser.temperatures is not None and (quantiser.temperatures > 0).all()
     _, weights = quantiser.bag(points, top_n=3)
     assert float(weights[:, 0, 0].median()) > 0.5
+
+
+def test_renamed_codes_change_ids_only_not_assignments_or_weights() -> None:
+    points, _ = gaussian_clusters(num_clusters=6, per_cluster=20, dim=8, seed=2)
+    quantiser = ResidualQuantiser(levels=2, codes_per_level=6, seed=0).fit(points)
+    perms = [torch.tensor([3, 0, 5, 1, 4, 2]), torch.tensor([1, 0, 2, 3, 5, 4])]
+    renamed = quantiser.permuted(perms)
+    codes, weights = quantiser.bag(points, top_n=2)
+    new_codes, new_weights = renamed.bag(points, top_n=2)
+    for level in range(2):
+        assert torch.equal(new_codes[:, level], perms[level][codes[:, level]])
+    torch.testing.assert_close(new_weights, weights)
+    torch.testing.assert_close(renamed.reconstruct(new_codes[:, :, 0]), quantiser.reconstruct(codes[:, :, 0]))
+    with pytest.raises(ValueError, match="not a permutation"):
+        quantiser.permuted([torch.tensor([0, 0, 1, 2, 3, 4]), perms[1]])
+
+
+def test_alignment_gives_each_code_the_old_id_it_shares_most_members_with() -> None:
+    # Yesterday: entities 0-3 in code 2, 4-7 in code 0, 8-9 in code 1. Today the same groups came out as codes
+    # 0, 1 and 2, and entity 3 moved to the third group: the matching renames 0->2, 1->0, 2->1.
+    old = torch.tensor([2, 2, 2, 2, 0, 0, 0, 0, 1, 1])
+    new = torch.tensor([0, 0, 0, 2, 1, 1, 1, 1, 2, 2])
+    perm = code_alignment(new, old, 3)
+    assert perm.tolist() == [2, 0, 1]
+    assert float((perm[new] == old).double().mean()) == pytest.approx(0.9)
+    # A code no old member shares takes the id left over; an old id beyond today's codebook is never given.
+    perm = code_alignment(torch.tensor([0, 0, 1]), torch.tensor([7, 7, 0]), 3)
+    assert sorted(perm.tolist()) == [0, 1, 2] and perm[1] == 0
+
+
+def test_fit_seeded_with_yesterdays_codebooks_keeps_code_ids() -> None:
+    points, labels = gaussian_clusters(num_clusters=8, per_cluster=30, dim=8, seed=4)
+    yesterday = ResidualQuantiser(levels=2, codes_per_level=8, seed=0).fit(points)
+    moved = points + 0.05 * torch.randn(points.shape, generator=torch.Generator().manual_seed(9))
+    # Another seed picks other k-means++ seeds, so the same clusters get other ids unless the fit starts from
+    # yesterday's codebooks.
+    cold = ResidualQuantiser(levels=2, codes_per_level=8, seed=5).fit(moved)
+    warm = ResidualQuantiser(levels=2, codes_per_level=8, seed=5).fit(moved, init=yesterday)
+    before = yesterday.encode(points)[:, 0]
+    assert torch.equal(warm.encode(moved)[:, 0], before)
+    assert not torch.equal(cold.encode(moved)[:, 0], before)
+    with pytest.raises(ValueError, match="init codebooks"):
+        ResidualQuantiser(levels=2, codes_per_level=4, seed=5).fit(moved, init=yesterday)

@@ -169,7 +169,7 @@ def test_a_rerun_reuses_every_history_stage_and_model_and_gives_the_same_numbers
     )  # split unchanged: not rewritten
     # ... so the history pipeline's lineage finds every stage fresh, and every model (ablations too) is reused.
     assert list(again.history_stages) == ["build-graph", "sample-neighbourhoods", "enrich", "train", "embed",
-                                          "build-index"]  # fmt: skip
+                                          "drift", "build-index"]  # fmt: skip
     assert set(again.history_stages.values()) == {"skipped"}
     assert again.models == first.models and set(again.models) == set(job.HIR_VARIANTS)
     rows = read_table(spark, EVAL_METRICS, warehouse).count()

@@ -33,7 +33,16 @@ from schemas.tables import (
 )
 
 DS = "2026-01-07"  # the synthetic source's last day (a week from 2026-01-01)
-DAY_STAGES = ("ingest", "build-graph", "sample-neighbourhoods", "enrich", "train", "embed", "build-index")
+DAY_STAGES = (
+    "ingest",
+    "build-graph",
+    "sample-neighbourhoods",
+    "enrich",
+    "train",
+    "embed",
+    "drift",
+    "build-index",
+)
 TABLES = (
     EVENTS,
     ENTITIES,
@@ -154,12 +163,12 @@ def test_a_full_run_writes_every_output_and_lists_every_stage_as_ran(spark, day)
     embedded = read_table(spark, EMBEDDINGS, day.warehouse).where(f"ds = DATE'{DS}'").count()
     assert day.report.result("embed").rows == embedded > 0
     assert day.report.result("ingest").rows == day.report.result("ingest").report.events > 0
-    assert "[1/7] ingest ... (no record of a run for this day)" in day.text
+    assert "[1/8] ingest ... (no record of a run for this day)" in day.text
     for position, name in enumerate(DAY_STAGES, 1):
-        assert (f"[{position}/7] {name} ... (runs after ingest)" in day.text) is (position > 1)
-        assert f"[{position}/7] {name} done in " in day.text
+        assert (f"[{position}/8] {name} ... (runs after ingest)" in day.text) is (position > 1)
+        assert f"[{position}/8] {name} done in " in day.text
     summary = day.text[day.text.index("pipeline 2026-01-07") :].splitlines()
-    assert summary[0].split(":")[1].startswith(" 7 ran, 0 skipped, 0 failed")
+    assert summary[0].split(":")[1].startswith(" 8 ran, 0 skipped, 0 failed")
     assert [row.split()[:2] for row in summary[2:]] == [[name, "ran"] for name in DAY_STAGES]
     assert not list(lineage_path(str(day.warehouse), pipeline.parse_ds(DS)).parent.glob(".*tmp*"))
 
@@ -172,12 +181,12 @@ def test_an_identical_rerun_skips_every_stage_and_writes_nothing(spark, day) -> 
         latest(day.warehouse),
     )
     report, text = run(spark, day.warehouse, day.config)
-    assert list(statuses(report).values()) == ["skipped"] * 7
+    assert list(statuses(report).values()) == ["skipped"] * 8
     assert versions(spark, day.warehouse) == before
     assert len(models(day.warehouse)) == model_count
     assert latest(day.warehouse) == live
     assert (
-        f"[3/7] sample-neighbourhoods skipped (fresh: outputs at versions neighbourhoods={before['neighbourhoods']})"
+        f"[3/8] sample-neighbourhoods skipped (fresh: outputs at versions neighbourhoods={before['neighbourhoods']})"
         in text
     )
     assert report.result("ingest").rows == day.report.result("ingest").rows  # rows come from the record
@@ -189,9 +198,9 @@ def test_deleting_the_model_reruns_train_and_every_stage_after_it(spark, day) ->
     (model,) = models(day.warehouse)
     shutil.rmtree(model)
     report, text = run(spark, day.warehouse, day.config)
-    assert statuses(report) == dict(zip(DAY_STAGES, ["skipped"] * 4 + ["ran"] * 3, strict=True))
-    assert f"[5/7] train ... (model {model.resolve()} is gone)" in text
-    assert "[6/7] embed ... (runs after train)" in text
+    assert statuses(report) == dict(zip(DAY_STAGES, ["skipped"] * 4 + ["ran"] * 4, strict=True))
+    assert f"[5/8] train ... (model {model.resolve()} is gone)" in text
+    assert "[6/8] embed ... (runs after train)" in text
     after = versions(spark, day.warehouse)
     upstream = ("events", "entities", "nodes", "edges", "neighbourhoods", "entity_content")
     assert {t: after[t] for t in upstream} == {t: before[t] for t in upstream}
@@ -211,11 +220,12 @@ def test_a_failing_stage_stops_the_run_and_names_itself(spark, day, capsys) -> N
     out, err = capsys.readouterr()
     assert rc == 2
     assert err.strip().splitlines()[-1].startswith(f"error: stage train: model version {newest}")
-    assert "[5/7] train ... (its flags changed)" in out
-    assert "embed ..." not in out and "build-index ..." not in out
-    assert [row.split()[:2] for row in out.splitlines()[-3:]] == [
+    assert "[5/8] train ... (its flags changed)" in out
+    assert "embed ..." not in out and "drift ..." not in out and "build-index ..." not in out
+    assert [row.split()[:2] for row in out.splitlines()[-4:]] == [
         ["train", "failed"],
         ["embed", "not"],
+        ["drift", "not"],
         ["build-index", "not"],
     ]
     assert versions(spark, day.warehouse) == before
@@ -238,9 +248,9 @@ def test_rewritten_edges_rerun_exactly_the_stages_after_build_graph(spark, day) 
     assert rewritten["neighbourhoods"] == before["neighbourhoods"]
     # The rerun with the same flags: ingest and build-graph are fresh, everything reading the new graph is not.
     report, text = run(spark, day.warehouse, day.config, "--stage-args", half_life)
-    assert statuses(report) == dict(zip(DAY_STAGES, ["skipped"] * 2 + ["ran"] * 5, strict=True))
+    assert statuses(report) == dict(zip(DAY_STAGES, ["skipped"] * 2 + ["ran"] * 6, strict=True))
     assert (
-        f"[3/7] sample-neighbourhoods ... (input nodes changed ({before['nodes']} -> {rewritten['nodes']}))"
+        f"[3/8] sample-neighbourhoods ... (input nodes changed ({before['nodes']} -> {rewritten['nodes']}))"
         in text
     )
     after = versions(spark, day.warehouse)
@@ -267,8 +277,8 @@ def test_a_model_code_change_reruns_train_and_after_it_and_nothing_before(spark,
     before, model_count = versions(spark, day.warehouse), len(models(day.warehouse))
     recorded_code = records(day.warehouse)["train"]["code"]
     report, text = run(spark, day.warehouse, day.config, "--stage-args", HALF_LIFE)
-    assert statuses(report) == dict(zip(DAY_STAGES, ["skipped"] * 4 + ["ran"] * 3, strict=True))
-    assert f"[5/7] train ... (its code changed ({recorded_code} -> src:" in text
+    assert statuses(report) == dict(zip(DAY_STAGES, ["skipped"] * 4 + ["ran"] * 4, strict=True))
+    assert f"[5/8] train ... (its code changed ({recorded_code} -> src:" in text
     after = versions(spark, day.warehouse)
     upstream = ("events", "entities", "nodes", "edges", "neighbourhoods", "entity_content")
     assert {t: after[t] for t in upstream} == {t: before[t] for t in upstream}

@@ -48,7 +48,7 @@ def warehouse(spark, tmp_path_factory):
     ]  # fmt: skip
     write_table(spark.createDataFrame(tokens, BOM_TOKENS.schema), BOM_TOKENS, wh, None)
     vocab = [
-        (f"L0:{i}", 0, None, 1, label, "v1", d)
+        (f"L0:{i}", 0, None, 1, label, "new" if d == D1 else "continued", D1, "v1", d)
         for d in (D1, D2)
         for i, label in ((1, "kitchen"), (2, "phones"), (3, "tools"))
     ]
