@@ -10,16 +10,33 @@ days, one warm-starting each day from the day before (`hir pipeline`'s default),
 Per day: the train stage's seconds and steps (ratio warm / cold), the best validation recall@50 on the day's
 held-out users (the same users in both runs: same data, same seed), and, per entity type, the drift figures among
 the entities whose neighbourhood did not change (median cosine to the previous day, level-0 token kept,
-overlap@10). Reads the warehouses' lineage records and `representation_drift` without Spark (deltalake).
+overlap@10).
+
+Then the out-of-time comparison, paired over users: day d's published embeddings of each run rank every item of
+day d for the users with a cart or purchase on day d + 1 (exact inner product, the events table's next day as
+targets, restricted to items embedded on day d); Recall@50 and NDCG@50 per user of warm and cold, and the paired
+bootstrap difference warm - cold with its 95% CI, per day and pooled over the days, on slice `all` and on
+`new_interest` (targets the user had no event with up to day d). The targets come after everything either model
+saw, and both runs are scored on the same users and targets, so the difference is the warm start's alone.
+
+Reads the warehouses' lineage records and tables without Spark (deltalake).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 from deltalake import DeltaTable
+
+from jobs.eval.metrics import paired_bootstrap_diff, per_user_metrics
+from jobs.eval.split import DEEP_STAGES
+
+K = 50
 
 
 def train_days(warehouse: Path) -> dict[str, dict]:
@@ -50,6 +67,98 @@ def drift_rows(warehouse: Path) -> dict[tuple[str, str], dict]:
     frame = DeltaTable(str(path)).to_pandas()
     frame = frame[frame["cohort"] == "unchanged"]
     return {(str(r["ds"]), r["entity_type"]): r for r in frame.to_dict("records")}
+
+
+def day_embeddings(warehouse: Path, ds: dt.date) -> dict[str, pd.DataFrame]:
+    """entity type (user, item) -> raw_id-indexed frame of day `ds`'s vectors."""
+    frame = DeltaTable(str(warehouse / "embeddings")).to_pandas(
+        columns=["entity_type", "raw_id", "vector"], filters=[("ds", "=", ds)]
+    )
+    return {t: frame[frame["entity_type"] == t].set_index("raw_id") for t in ("user", "item")}
+
+
+def next_day_targets(warehouse: Path, ds: dt.date) -> tuple[dict[str, set], dict[str, set]]:
+    """(user -> items carted or purchased on ds + 1, user -> items the user had any event with up to ds)."""
+    events = DeltaTable(str(warehouse / "events")).to_pandas(
+        columns=["user_id", "item_id", "funnel_stage", "ds"],
+        filters=[("ds", "<=", ds + dt.timedelta(days=1))],
+    )
+    later = events[(events["ds"] == ds + dt.timedelta(days=1)) & events["funnel_stage"].isin(DEEP_STAGES)]
+    seen = events[events["ds"] <= ds]
+    targets = later.groupby("user_id")["item_id"].agg(set).to_dict()
+    history = seen.groupby("user_id")["item_id"].agg(set).to_dict()
+    return targets, history
+
+
+def ranked_items(users: pd.DataFrame, items: pd.DataFrame, user_ids: list[str]) -> dict[str, list[str]]:
+    """user -> its K items of highest inner product, best first (exact search)."""
+    item_ids = items.index.to_numpy()
+    item_matrix = np.stack(items["vector"].to_numpy()).astype(np.float32)  # (I, d)
+    user_matrix = np.stack(users.loc[user_ids, "vector"].to_numpy()).astype(np.float32)  # (U, d)
+    scores = user_matrix @ item_matrix.T  # (U, I)
+    k = min(K, len(item_ids))
+    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    order = np.take_along_axis(scores, top, axis=1).argsort(axis=1)[:, ::-1]
+    top = np.take_along_axis(top, order, axis=1)
+    return {user: item_ids[row].tolist() for user, row in zip(user_ids, top, strict=True)}
+
+
+def next_day_scores(
+    warm: Path, cold: Path, ds: dt.date
+) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """slice -> metric -> (warm values, cold values), one per user of the slice, in the same user order."""
+    targets, history = next_day_targets(warm, ds)
+    runs = [day_embeddings(warm, ds), day_embeddings(cold, ds)]
+    known_items = set(runs[0]["item"].index) & set(runs[1]["item"].index)
+    known_users = set(runs[0]["user"].index) & set(runs[1]["user"].index)
+    slices = {
+        "all": {u: t & known_items for u, t in targets.items() if u in known_users},
+        "new_interest": {
+            u: (t - history.get(u, set())) & known_items for u, t in targets.items() if u in known_users
+        },
+    }
+    out = {}
+    for name, slice_targets in slices.items():
+        slice_targets = {u: t for u, t in slice_targets.items() if t}
+        if not slice_targets:
+            continue
+        users = sorted(slice_targets)
+        metrics = [
+            per_user_metrics(ranked_items(run["user"], run["item"], users), slice_targets, ks=(K,))
+            for run in runs
+        ]
+        out[name] = {
+            m: (metrics[0].values[f"{m}@{K}"], metrics[1].values[f"{m}@{K}"]) for m in ("recall", "ndcg")
+        }
+    return out
+
+
+def print_next_day(warm: Path, cold: Path, days: list[str]) -> None:
+    """Per day and pooled over the days (user-days: a user of several days counts once per day)."""
+    print(
+        f"\nnext day's carts and purchases ranked by day d's embeddings: Recall@{K} / NDCG@{K}, warm - cold [95% CI]"
+    )
+    pooled: dict[tuple[str, str], list[list[np.ndarray]]] = {}
+    for day in days:
+        ds = dt.date.fromisoformat(day)
+        for name, metrics in next_day_scores(warm, cold, ds).items():
+            cells = []
+            for metric, (a, b) in metrics.items():
+                pooled.setdefault((name, metric), [[], []])
+                pooled[(name, metric)][0].append(a)
+                pooled[(name, metric)][1].append(b)
+                diff, low, high = paired_bootstrap_diff(a, b)
+                cells.append(
+                    f"{metric} {a.mean():.3f} / {b.mean():.3f} ({diff:+.3f} [{low:+.3f}, {high:+.3f}])"
+                )
+            print(f"{day} {name:<12} users {len(a):5d}  " + "  ".join(cells))
+    for (name, metric), (a, b) in sorted(pooled.items()):
+        a, b = np.concatenate(a), np.concatenate(b)
+        diff, low, high = paired_bootstrap_diff(a, b)
+        print(
+            f"pooled     {name:<12} user-days {len(a):5d}  {metric} {a.mean():.3f} / {b.mean():.3f} "
+            f"({diff:+.3f} [{low:+.3f}, {high:+.3f}])"
+        )
 
 
 def _f(value, digits: int = 3) -> str:
@@ -88,6 +197,7 @@ def main() -> None:
             f"level-0 {_f(w.get('level0_kept'))} / {_f(c.get('level0_kept'))}  "
             f"overlap {_f(w.get('overlap_at_10'))} / {_f(c.get('overlap_at_10'))}"
         )
+    print_next_day(args.warm, args.cold, sorted(set(warm) & set(cold)))
 
 
 if __name__ == "__main__":
