@@ -35,6 +35,7 @@ from deltalake import DeltaTable
 
 from jobs.eval.metrics import paired_bootstrap_diff, per_user_metrics
 from jobs.eval.split import DEEP_STAGES
+from jobs.index.build import exact_top_k
 
 K = 50
 
@@ -91,16 +92,15 @@ def next_day_targets(warehouse: Path, ds: dt.date) -> tuple[dict[str, set], dict
 
 
 def ranked_items(users: pd.DataFrame, items: pd.DataFrame, user_ids: list[str]) -> dict[str, list[str]]:
-    """user -> its K items of highest inner product, best first (exact search)."""
+    """user -> its K items of highest inner product, best first (the index job's exact search)."""
     item_ids = items.index.to_numpy()
-    item_matrix = np.stack(items["vector"].to_numpy()).astype(np.float32)  # (I, d)
-    user_matrix = np.stack(users.loc[user_ids, "vector"].to_numpy()).astype(np.float32)  # (U, d)
-    scores = user_matrix @ item_matrix.T  # (U, I)
-    k = min(K, len(item_ids))
-    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    order = np.take_along_axis(scores, top, axis=1).argsort(axis=1)[:, ::-1]
-    top = np.take_along_axis(top, order, axis=1)
-    return {user: item_ids[row].tolist() for user, row in zip(user_ids, top, strict=True)}
+    _, positions = exact_top_k(
+        np.stack(items["vector"].to_numpy()),
+        np.arange(len(item_ids), dtype=np.int64),
+        np.stack(users.loc[user_ids, "vector"].to_numpy()),
+        min(K, len(item_ids)),
+    )
+    return {user: item_ids[row[row >= 0]].tolist() for user, row in zip(user_ids, positions, strict=True)}
 
 
 def next_day_scores(
@@ -117,16 +117,16 @@ def next_day_scores(
             u: (t - history.get(u, set())) & known_items for u, t in targets.items() if u in known_users
         },
     }
+    slices = {name: {u: t for u, t in slice_targets.items() if t} for name, slice_targets in slices.items()}
+    if not slices["all"]:
+        return {}  # no carts or purchases on ds + 1 (the log's last day)
+    # Every slice's users are among slice `all`'s: rank them once per run.
+    ranked = [ranked_items(run["user"], run["item"], sorted(slices["all"])) for run in runs]
     out = {}
     for name, slice_targets in slices.items():
-        slice_targets = {u: t for u, t in slice_targets.items() if t}
         if not slice_targets:
             continue
-        users = sorted(slice_targets)
-        metrics = [
-            per_user_metrics(ranked_items(run["user"], run["item"], users), slice_targets, ks=(K,))
-            for run in runs
-        ]
+        metrics = [per_user_metrics(r, slice_targets, ks=(K,)) for r in ranked]
         out[name] = {
             m: (metrics[0].values[f"{m}@{K}"], metrics[1].values[f"{m}@{K}"]) for m in ("recall", "ndcg")
         }
