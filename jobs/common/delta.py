@@ -202,11 +202,28 @@ def read_table(
     return reader.load(table_path(warehouse, spec))
 
 
-def table_version(spark: SparkSession, spec: TableSpec, warehouse: str | Path) -> int:
-    from delta.tables import DeltaTable
+# A Delta commit file: the version, zero-padded to 20 digits (temporary and checkpoint files never match).
+_COMMIT_FILE = re.compile(r"(\d{20})\.json")
 
-    history = DeltaTable.forPath(spark, table_path(warehouse, spec)).history(1)
-    return int(history.select("version").first()[0])
+
+def table_version(spark: SparkSession, spec: TableSpec, warehouse: str | Path) -> int:
+    """The table's latest version: its newest commit file in `_delta_log`, listed through Hadoop's FileSystem of
+    the path's scheme. Delta publishes a commit by creating that file atomically, so the listing is what
+    `DESCRIBE HISTORY ... LIMIT 1` reads, without its Spark job (the pipeline asks for every table's version
+    before and after each stage)."""
+    jvm = spark.sparkContext._jvm
+    log = jvm.org.apache.hadoop.fs.Path(f"{table_path(warehouse, spec)}/_delta_log")
+    filesystem = log.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    names = [
+        status.getPath().getName()
+        for status in filesystem.globStatus(jvm.org.apache.hadoop.fs.Path(log, "*.json")) or []
+    ]
+    versions = [int(found.group(1)) for found in map(_COMMIT_FILE.fullmatch, names) if found]
+    if not versions:
+        raise HirError(
+            f"table {spec.name} not found at {table_path(warehouse, spec)}: run the stage that writes it"
+        )
+    return max(versions)
 
 
 def sql_in(column: str, values: list) -> str:

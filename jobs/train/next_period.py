@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -125,16 +126,23 @@ def next_period(
     # The input graph as of the cut-off's day, by the day's own code and settings.
     input_day = cutoff.date()
     input_graph = GraphConfig(ds=input_day, warehouse=warehouse)
-    edges = graph_edges(before, read_table(spark, ENTITIES, warehouse), input_graph)
-    nodes = graph_nodes(edges)
-    sampled = sample_neighbourhoods(
-        nodes,
-        cap_degree(edges, input_graph),
-        dataclasses.replace(
-            sample, ds=input_day, warehouse=warehouse, node_types=("user",), max_tokens=max_tokens
-        ),
+    # Computed once: the nodes, the user budget and both hops of the sample read it (as build_graph persists
+    # the day's edges), instead of replaying the events' aggregation for each.
+    edges = graph_edges(before, read_table(spark, ENTITIES, warehouse), input_graph).persist(
+        StorageLevel.MEMORY_AND_DISK
     )
-    inputs = NeighbourhoodRows.from_columns(arrow_columns(sampled.toArrow(), NEIGHBOURHOOD_COLUMNS))
+    try:
+        nodes = graph_nodes(edges)
+        sampled = sample_neighbourhoods(
+            nodes,
+            cap_degree(edges, input_graph),
+            dataclasses.replace(
+                sample, ds=input_day, warehouse=warehouse, node_types=("user",), max_tokens=max_tokens
+            ),
+        )
+        inputs = NeighbourhoodRows.from_columns(arrow_columns(sampled.toArrow(), NEIGHBOURHOOD_COLUMNS))
+    finally:
+        edges.unpersist()
 
     positives = (
         after.select(
