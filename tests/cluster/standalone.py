@@ -117,15 +117,6 @@ class Submitted:
     stderr: str
     seconds: float
 
-    def stage_seconds(self) -> float:
-        """The job's own wall time from its StageLog line (without JVM start-up and session creation).
-
-        spark-submit merges the Python driver's stderr into its stdout, so the line is in either."""
-        for line in (self.stdout + self.stderr).splitlines():
-            if line.startswith('{"stage"'):
-                return float(json.loads(line)["seconds"])
-        raise AssertionError("no stage log line in the job's output:\n" + self.stdout[-3000:])
-
 
 @dataclass
 class Running:
@@ -155,10 +146,6 @@ def finish(running: Running, timeout: float = 900) -> Submitted:
         running.proc.wait()
     seconds = round(time.perf_counter() - running.started, 2)
     return Submitted(running.proc.returncode, running.out.read_text(), running.err.read_text(), seconds)
-
-
-def run_submit(command: list[str], cwd: Path, timeout: float = 900) -> Submitted:
-    return finish(start_submit(command, cwd), timeout)
 
 
 @dataclass
