@@ -12,9 +12,10 @@ DELTA_STORAGE_ARTIFACT := io.delta:delta-storage:$(DELTA_VERSION)
 WAREHOUSE ?= warehouse
 SHARED_DATA ?= ../shared/data
 PYTEST_ARGS ?=
-# Two pytest workers, each taking whole test files (module fixtures build once): most tests wait on a JVM or a
-# spark-submit, so two processes keep the 2 cores busy. TEST_WORKERS=0 runs the suite in one process.
-TEST_WORKERS ?= 2
+# Three pytest workers, each taking whole test files (module fixtures build once): the cores stay busy while one
+# worker waits on a JVM start or a spark-submit, and the long files spread over more queues (suite 24m20s on 2
+# cores, 2026-12-02). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 3
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .DEFAULT_GOAL := help
