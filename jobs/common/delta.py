@@ -188,14 +188,18 @@ def table_exists(spark: SparkSession, spec: TableSpec, warehouse: str | Path) ->
     return DeltaTable.isDeltaTable(spark, table_path(warehouse, spec))
 
 
+def table_not_found(spec: TableSpec, warehouse: str | Path) -> HirError:
+    return HirError(
+        f"table {spec.name} not found at {table_path(warehouse, spec)}: run the stage that writes it"
+    )
+
+
 def read_table(
     spark: SparkSession, spec: TableSpec, warehouse: str | Path, version: int | None = None
 ) -> DataFrame:
     """Read a table (optionally at a Delta version); a missing table is a one-line error."""
     if not table_exists(spark, spec, warehouse):
-        raise HirError(
-            f"table {spec.name} not found at {table_path(warehouse, spec)}: run the stage that writes it"
-        )
+        raise table_not_found(spec, warehouse)
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
@@ -220,9 +224,7 @@ def table_version(spark: SparkSession, spec: TableSpec, warehouse: str | Path) -
     ]
     versions = [int(found.group(1)) for found in map(_COMMIT_FILE.fullmatch, names) if found]
     if not versions:
-        raise HirError(
-            f"table {spec.name} not found at {table_path(warehouse, spec)}: run the stage that writes it"
-        )
+        raise table_not_found(spec, warehouse)
     return max(versions)
 
 
