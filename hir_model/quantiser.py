@@ -144,23 +144,46 @@ class ResidualQuantiser:
         return [float(t) for t in self.temperatures]
 
     def bag(
-        self, embeddings: Tensor, top_n: int = 3, temperature: float | None = None
+        self,
+        embeddings: Tensor,
+        top_n: int = 3,
+        temperature: float | None = None,
+        previous: Tensor | None = None,
+        stickiness: float = 0.0,
     ) -> tuple[Tensor, Tensor]:
         """Top-n codes per level and their weights, each (N, levels, top_n); weights sum to 1 per level.
 
         Weights: softmax of -squared distance / temperature between the level's residual and its codebook,
         restricted to the top-n codes and renormalised. Code [:, :, 0] is the hard code; the residual for the next
         level follows the hard path. temperature None: each level's calibrated one (see calibrated_temperature).
+
+        previous (N, levels'): each entity's hard codes of yesterday, in this quantiser's ids (-1 or >= K where it
+        had none). With stickiness s > 0 an entity keeps yesterday's code at a level while that code's squared
+        distance exceeds the nearest one's by at most s temperatures (hysteresis: an entity that sits near a
+        boundary does not flip between two codes as the centroids move a little from day to day). The kept code
+        is ranked first; the weights stay the affinities of the unboosted distances, so a kept code can weigh a
+        little less than its runner-up.
         """
         codebooks = self._require_fit().to(embeddings.device)
         top_n = min(top_n, self.codes_per_level)
         residual = embeddings.detach().float()
+        if previous is not None and previous.shape[0] != residual.shape[0]:
+            raise ValueError(f"previous codes have {previous.shape[0]} rows, embeddings {residual.shape[0]}")
         codes, weights = [], []
-        for centroids, level_temperature in zip(codebooks, self.level_temperatures(temperature), strict=True):
+        temperatures = self.level_temperatures(temperature)
+        for level, (centroids, level_temperature) in enumerate(zip(codebooks, temperatures, strict=True)):
             logits = -squared_distances(residual, centroids) / level_temperature  # (N, K)
-            top_logits, top_codes = logits.topk(top_n, dim=1)  # sorted, strongest first
+            ranking = logits
+            if previous is not None and stickiness > 0 and level < previous.shape[1]:
+                old = previous[:, level].to(logits.device).long()
+                valid = (old >= 0) & (old < self.codes_per_level)
+                # In logit units a distance margin of s temperatures is a bonus of s on yesterday's code.
+                bonus = torch.zeros_like(logits)
+                bonus[valid, old[valid]] = stickiness
+                ranking = logits + bonus
+            top_codes = ranking.topk(top_n, dim=1).indices  # sorted, strongest (or kept) first
             codes.append(top_codes)
-            weights.append(torch.softmax(top_logits, dim=1))
+            weights.append(torch.softmax(logits.gather(1, top_codes), dim=1))
             residual = residual - centroids[top_codes[:, 0]]
         return torch.stack(codes, dim=1), torch.stack(weights, dim=1)
 

@@ -29,6 +29,7 @@ from jobs.common.delta import read_table, table_exists, table_path, table_snapsh
 from jobs.common.errors import HirError
 from jobs.common.spark import get_spark
 from jobs.common.stage import StageLog
+from jobs.train.continuity import aligned_day, previous_paths
 from schemas.tables import BOM_TOKENS, BOM_VOCAB, EMBEDDINGS, ENTITIES, ENTITY_CONTENT, NEIGHBOURHOODS, NODES
 from udfs.embed import OUTPUT_SCHEMA, EmbedSpec, embed_partitions
 
@@ -45,6 +46,7 @@ class EmbedConfig:
     top_n: int = 3
     temperature: float | None = None  # None: the quantiser's calibrated per-level temperatures
     label_terms: int = 3
+    stickiness: float = 1.0
     allow_collapsed: bool = False
 
 
@@ -98,6 +100,15 @@ def build_parser() -> JobArgumentParser:
         "carry how firmly the entity sits in each token; a number fixes one temperature for every level.",
     )
     p.add_argument(
+        "--stickiness",
+        type=float,
+        default=1.0,
+        help="Hysteresis of the hard codes, in temperatures of each level: an entity keeps the code it had on the "
+        "day the model's token ids were aligned to while that code's squared distance exceeds the nearest one's by "
+        "at most this many temperatures (1: the median gap between an entity's nearest and second-nearest code), "
+        "so entities near a boundary do not flip tokens as the centroids move; 0 always takes the nearest code.",
+    )
+    p.add_argument(
         "--allow-collapsed",
         action="store_true",
         help="Embed with a model whose training collapsed (diagnosis only).",
@@ -115,6 +126,8 @@ def config_from_args(argv: Sequence[str] | None) -> EmbedConfig:
         or (fixed_temperature and a.temperature <= 0)
     ):
         raise HirError("--batch-size, --arrow-batch-size, --top-n and --temperature must be positive")
+    if not a.stickiness >= 0:  # also refuses nan
+        raise HirError(f"--stickiness must be 0 or more, got {a.stickiness}")
     return EmbedConfig(
         ds=a.ds,
         warehouse=a.warehouse,
@@ -125,6 +138,7 @@ def config_from_args(argv: Sequence[str] | None) -> EmbedConfig:
         precision=a.precision,
         top_n=a.top_n,
         temperature=a.temperature,
+        stickiness=a.stickiness,
         allow_collapsed=a.allow_collapsed,
     )
 
@@ -408,10 +422,15 @@ def embed(spark: SparkSession, cfg: EmbedConfig) -> EmbedReport:
         precision=cfg.precision,
         top_n=cfg.top_n,
         temperature=cfg.temperature,
+        stickiness=cfg.stickiness,
     )
+    # Hysteresis needs yesterday's path of each entity, in the ids the model's codes were aligned to.
+    aligned = aligned_day(model_dir) if cfg.stickiness > 0 else None
+    paths = previous_paths(spark, cfg.warehouse, aligned) if aligned is not None else None
+    served = rows.join(paths, "node_id", "left") if paths is not None else rows
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(cfg.arrow_batch_size))
     embedded = (
-        rows.mapInPandas(embed_partitions(spec), OUTPUT_SCHEMA)
+        served.mapInPandas(embed_partitions(spec), OUTPUT_SCHEMA)
         .withColumn("model_version", F.lit(model.version))
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
@@ -430,6 +449,7 @@ def embed(spark: SparkSession, cfg: EmbedConfig) -> EmbedReport:
                 "model_dir": str(model_dir),
                 "neighbourhoods_version": n_version,
                 "entity_content_version": content_version,
+                "sticky_to": str(aligned) if paths is not None else None,
             }
         )
         day = f"ds = DATE'{cfg.ds}'"

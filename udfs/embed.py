@@ -39,6 +39,22 @@ class EmbedSpec:
     precision: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     top_n: int = 3
     temperature: float | None = None  # None: the quantiser's calibrated per-level temperatures
+    # Hysteresis of the hard codes, in temperatures (ResidualQuantiser.bag); used where rows carry the column
+    # PREVIOUS_CODES (yesterday's path, null for an entity without one).
+    stickiness: float = 0.0
+
+
+PREVIOUS_CODES = "previous_codes"
+
+
+def previous_code_matrix(cells: np.ndarray, levels: int) -> np.ndarray:
+    """(N, levels) int64 of yesterday's codes from an object column of int arrays (None: no path; -1 fills)."""
+    out = np.full((len(cells), levels), -1, dtype=np.int64)
+    for row, cell in enumerate(cells):
+        if cell is not None:
+            codes = np.asarray(cell, dtype=np.int64)[:levels]
+            out[row, : len(codes)] = codes
+    return out
 
 
 def choose_device(requested: str):
@@ -94,7 +110,17 @@ def embed_frame(pdf: pd.DataFrame, model, content, device, spec: EmbedSpec) -> p
         embeddings = model.encoder(batch.to(device)).float()
     embeddings = torch.nn.functional.normalize(embeddings, dim=-1).cpu()  # (B, dim)
     if model.quantiser is not None:
-        codes, weights = model.quantiser.bag(embeddings, top_n=spec.top_n, temperature=spec.temperature)
+        previous = None
+        if spec.stickiness > 0 and PREVIOUS_CODES in pdf.columns:
+            matrix = previous_code_matrix(pdf[PREVIOUS_CODES].to_numpy(), model.quantiser.levels)
+            previous = torch.from_numpy(matrix)
+        codes, weights = model.quantiser.bag(
+            embeddings,
+            top_n=spec.top_n,
+            temperature=spec.temperature,
+            previous=previous,
+            stickiness=spec.stickiness,
+        )
         codes = codes.reshape(len(pdf), -1).numpy().astype(np.int32)
         weights = weights.reshape(len(pdf), -1).numpy().astype(np.float32)
     else:

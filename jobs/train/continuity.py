@@ -4,7 +4,9 @@ A ranking model trained on yesterday's features breaks silently when today's emb
 something else. Two things keep them: the encoder continues from yesterday's weights (`--warm-start`, chosen
 here), and the day's quantiser codes are renamed to the ids that yesterday's `bom_tokens` gave the same entities
 (`align_quantiser`: maximum-weight matching of shared members per level), so a token id keeps its meaning
-whether or not the encoder was warm-started.
+whether or not the encoder was warm-started. The embed stage adds hysteresis (`previous_paths`): an entity
+keeps yesterday's code while it is within a margin of the nearest one, so the centroids' small daily moves do not
+flip the entities that sit near a boundary.
 """
 
 from __future__ import annotations
@@ -146,3 +148,38 @@ def align_quantiser(
         "code_kept": kept_after,
     }
     return quantiser.permuted(perms), renamed, report
+
+
+def aligned_day(model_dir: Path) -> dt.date | None:
+    """The day whose `bom_tokens` ids the model's quantiser was renamed to (its training summary), None when the
+    codes were not aligned (no earlier day, or --keep-code-ids)."""
+    from hir_model.checkpoint import read_metrics
+
+    metrics = read_metrics(model_dir)
+    summary = metrics[-1] if metrics and metrics[-1].get("summary") else {}
+    previous = ((summary.get("quantiser") or {}).get("alignment") or {}).get("previous")
+    if not previous:
+        return None
+    try:
+        return dt.date.fromisoformat(str(previous).split("/", 1)[0])
+    except ValueError:
+        return None
+
+
+def previous_paths(spark, warehouse: str, ds: dt.date):
+    """(node_id, previous_codes array<int>): each entity's exact path in `bom_tokens` on `ds`, None when that day
+    has no tokens."""
+    from pyspark.sql import functions as F
+
+    from jobs.common.delta import read_table, table_exists
+    from schemas.tables import BOM_TOKENS
+
+    if not table_exists(spark, BOM_TOKENS, warehouse):
+        return None
+    day = read_table(spark, BOM_TOKENS, warehouse).where(
+        (F.col("ds") == F.lit(ds)) & (F.col("rank") == 1) & (F.col("bom_level") == 0)
+    )
+    paths = day.select(
+        "node_id", F.transform(F.split("path", r"\."), lambda c: c.cast("int")).alias("previous_codes")
+    )
+    return paths if paths.limit(1).count() else None

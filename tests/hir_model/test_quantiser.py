@@ -171,3 +171,35 @@ def test_fit_seeded_with_yesterdays_codebooks_keeps_code_ids() -> None:
     assert not torch.equal(cold.encode(moved)[:, 0], before)
     with pytest.raises(ValueError, match="init codebooks"):
         ResidualQuantiser(levels=2, codes_per_level=4, seed=5).fit(moved, init=yesterday)
+
+
+def line_quantiser() -> ResidualQuantiser:
+    """Two levels of two codes on the x axis, temperature 1: level 0 at x = -1 and x = +1, level 1 at 0 and 1.1."""
+    quantiser = ResidualQuantiser(levels=2, codes_per_level=2)
+    quantiser.codebooks = torch.tensor([[[-1.0, 0.0], [1.0, 0.0]], [[0.0, 0.0], [1.1, 0.0]]])
+    quantiser.temperatures = torch.tensor([1.0, 1.0])
+    return quantiser
+
+
+def test_sticky_codes_keep_yesterdays_code_within_the_margin_and_the_path_follows_it() -> None:
+    quantiser = line_quantiser()
+    # x = 0.1: squared distances 1.21 to code 0 and 0.81 to code 1, a gap of 0.4; x = 0.5: 2.25 and 0.25, gap 2.
+    points = torch.tensor([[0.1, 0.0], [0.1, 0.0], [0.5, 0.0], [0.1, 0.0]])
+    yesterday = torch.tensor([[0, 1], [0, 1], [0, 1], [-1, -1]])
+    plain, _ = quantiser.bag(points, top_n=2)
+    assert plain[:, 0, 0].tolist() == [1, 1, 1, 1]
+    codes, weights = quantiser.bag(points, top_n=2, previous=yesterday, stickiness=0.5)
+    # Kept where the gap (0.4) is within 0.5 temperatures; not at x = 0.5 (gap 2) nor without a code yesterday.
+    assert codes[:, 0, 0].tolist() == [0, 0, 1, 1]
+    assert codes[:, 0, 1].tolist() == [1, 1, 0, 0]
+    # The weights stay the plain affinities: the kept code 0 weighs sigmoid(-0.4) = 0.4013 against code 1.
+    assert weights[0, 0].tolist() == pytest.approx(
+        [1 / (1 + math.exp(0.4)), 1 / (1 + math.exp(-0.4))], abs=1e-5
+    )
+    # Level 1 quantises what the kept code left: 0.1 - (-1) = 1.1 sits on level-1 code 1, where the plain path's
+    # residual 0.1 - 1 = -0.9 sits nearest code 0.
+    assert plain[0, 1, 0].item() == 0 and codes[0, 1, 0].item() == 1
+    narrow, _ = quantiser.bag(points, top_n=2, previous=yesterday, stickiness=0.3)
+    assert narrow[:, 0, 0].tolist() == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="previous codes have 3 rows"):
+        quantiser.bag(points, previous=yesterday[:3], stickiness=0.5)

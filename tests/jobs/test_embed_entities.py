@@ -226,3 +226,49 @@ def test_rows_longer_than_the_model_and_missing_content_are_refused_before_spark
     with_content = _model_like(day, tmp_path / "content", content_dim=4, use_content=True)
     with pytest.raises(HirError, match="trained with content vectors but .* has no entity_content"):
         embed(spark, EmbedConfig(ds=DS, warehouse=str(warehouse), model=str(with_content)))
+
+
+def test_next_day_keeps_yesterdays_paths_within_the_stickiness_margin(spark, day, tmp_path):
+    """Day 2 is embedded by a model whose quantiser renamed every code (j -> j + 1 mod K) and says its ids were
+    aligned to day 1's tokens. With no hysteresis every path follows the renaming; with a margin no distance
+    exceeds, every entity keeps day 1's path, read from day 1's bom_tokens through the join the job adds."""
+    import shutil
+
+    from hir_model.checkpoint import QUANTISER_FILE, load_quantiser
+
+    warehouse = tmp_path / "warehouse"
+    shutil.copytree(day[0], warehouse)
+    next_day = DS + dt.timedelta(days=1)
+    frame = spark.createDataFrame(
+        [tuple(next_day if c == "ds" else r[c] for c in NEIGHBOURHOODS.columns) for r in rows()],
+        NEIGHBOURHOODS.schema,
+    )
+    write_table(frame, NEIGHBOURHOODS, warehouse, f"ds = DATE'{next_day}'")
+    model = warehouse / "models" / "v2"
+    shutil.copytree(day[1], model)
+    load_quantiser(day[1]).permuted([(torch.arange(CODES) + 1) % CODES] * LEVELS).save(model / QUANTISER_FILE)
+    with open(model / "metrics.jsonl", "a") as f:
+        summary = {"summary": True, "quantiser": {"alignment": {"previous": f"{DS}/v1"}}}
+        f.write(json.dumps(summary) + "\n")
+
+    def paths(ds):
+        tokens = read_table(spark, BOM_TOKENS, warehouse).where(
+            (F.col("ds") == F.lit(ds)) & (F.col("rank") == 1)
+        )
+        return {r["node_id"]: [int(c) for c in r["path"].split(".")] for r in tokens.collect()}
+
+    yesterday = paths(DS)
+    assert len(yesterday) == len(rows())
+    for stickiness, expected in ((0.0, lambda p: [(c + 1) % CODES for c in p]), (1e9, lambda p: p)):
+        cfg = EmbedConfig(
+            ds=next_day,
+            warehouse=str(warehouse),
+            model=str(model),
+            top_n=TOP_N,
+            batch_size=16,
+            stickiness=stickiness,
+        )
+        embed(spark, cfg)
+        assert paths(next_day) == {node: expected(path) for node, path in yesterday.items()}, stickiness
+    with pytest.raises(HirError, match="--stickiness must be 0 or more"):
+        config_from_args(["--ds", "2026-01-07", "--stickiness", "-1"])
