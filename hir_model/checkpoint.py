@@ -112,6 +112,12 @@ def read_metrics(model_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def read_summary(model_dir: str | Path) -> dict[str, Any]:
+    """The training summary (metrics.jsonl's last record when it is one), {} for a run that did not finish."""
+    metrics = read_metrics(model_dir)
+    return metrics[-1] if metrics and metrics[-1].get("summary") else {}
+
+
 def read_lineage(model_dir: str | Path) -> dict[str, Any]:
     path = Path(model_dir) / LINEAGE_FILE
     return json.loads(path.read_text()) if path.exists() else {}

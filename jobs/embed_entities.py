@@ -172,11 +172,9 @@ def resolve_model_dir(warehouse: str, model: str | None) -> Path:
 
 def check_not_collapsed(model_dir: Path, allow: bool) -> None:
     """Refuse a model whose training summary says it collapsed: its embeddings carry no information."""
-    from hir_model.checkpoint import read_metrics
+    from hir_model.checkpoint import read_summary
 
-    metrics = read_metrics(model_dir)
-    summary = metrics[-1] if metrics and metrics[-1].get("summary") else {}
-    if summary.get("collapsed") and not allow:
+    if read_summary(model_dir).get("collapsed") and not allow:
         raise HirError(
             f"model {model_dir.name} collapsed in training: retrain, or pass --allow-collapsed to embed anyway"
         )

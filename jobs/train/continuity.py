@@ -152,11 +152,10 @@ def align_quantiser(
 
 def aligned_day(model_dir: Path) -> dt.date | None:
     """The day whose `bom_tokens` ids the model's quantiser was renamed to (its training summary), None when the
-    codes were not aligned (no earlier day, or --keep-code-ids)."""
-    from hir_model.checkpoint import read_metrics
+    codes were not aligned (no earlier day, or hir train --no-align-tokens)."""
+    from hir_model.checkpoint import read_summary
 
-    metrics = read_metrics(model_dir)
-    summary = metrics[-1] if metrics and metrics[-1].get("summary") else {}
+    summary = read_summary(model_dir)
     previous = ((summary.get("quantiser") or {}).get("alignment") or {}).get("previous")
     if not previous:
         return None
