@@ -10,7 +10,9 @@ sampler's user budget makes them on real data. Three measurements, each the medi
 
 * `plain`: student forward of users, items and negatives + the retrieval loss + backward + AdamW step;
 * `retrieval`: Trainer.train_step with distillation off (what `plain` does, plus the batch's bookkeeping);
-* `full`: Trainer.train_step as trained (retrieval + cross-view distillation).
+* `full`: Trainer.train_step as trained (retrieval + cross-view distillation);
+* `warm`: `full` on a warm start, with the stability term (a no-grad forward of the continued model on the step's
+  rows: what a day-to-day run adds).
 
 The ratio column is each against `plain`: what the trainer adds to the unavoidable work.
 """
@@ -21,6 +23,7 @@ import argparse
 import dataclasses
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,6 +89,11 @@ def main() -> None:
     results["retrieval"] = timed(retrieval.train_step)
     full = Trainer(model, train, device="cpu")
     results["full"] = timed(full.train_step)
+    with tempfile.TemporaryDirectory() as folder:
+        full.save(Path(folder) / "yesterday")
+        warm = Trainer(dataclasses.replace(model, stability_weight=1.0), train, device="cpu")
+        warm.warm_start(Path(folder) / "yesterday")
+    results["warm"] = timed(warm.train_step)
 
     print(
         f"train step on CPU, {args.threads} threads: {args.batch_size} pairs + {args.negatives} negatives, "

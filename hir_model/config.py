@@ -71,6 +71,9 @@ class ModelConfig:
     retrieval_weight: float = 1.0  # deep-funnel retrieval is what the embedding is judged on; equal weight
     retrieval_temp: float = 0.05  # in-batch softmax temperature for cosine scores (common range 0.05-0.1)
     token_dropout: float = 0.2  # student view: drop 20% of neighbour tokens (with their descendants)
+    # Warm starts only: weight of 1 - cosine between the student's embedding of a row and the warm-start model's
+    # (Trainer.anchor), so continued training keeps the function consumers were trained on (issue 16)
+    stability_weight: float = 0.0
 
     attention_backend: str = "auto"  # "auto": flex on CUDA, sdpa on CPU; "flex" or "sdpa" to force one
 
@@ -85,6 +88,8 @@ class ModelConfig:
             raise ValueError("id_buckets must be >= 2 and num_id_hashes >= 1")
         if not 0.0 <= self.token_dropout < 1.0:
             raise ValueError(f"token_dropout must be in [0, 1), got {self.token_dropout}")
+        if not self.stability_weight >= 0.0:
+            raise ValueError(f"stability_weight must be >= 0, got {self.stability_weight}")
         if self.content_dim < 0:
             raise ValueError(f"content_dim must be >= 0, got {self.content_dim}")
 

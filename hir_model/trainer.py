@@ -5,7 +5,15 @@ One step on a RetrievalBatch (hir_model.pairs):
     users, positive items, uniform negatives --full view--> student --> mixed-negative softmax (hir_model.objective)
     users, negatives --sparse view--> student --head--> student logits   (gradients)
     users, negatives --full view----> teacher --head--> teacher logits   (EMA of the student, no gradients)
+    users, items, negatives --full view--> anchor (yesterday's student, warm starts only, no gradients)
     loss = retrieval_weight * retrieval + distill_weight * DINO(student | teacher)
+           + stability_weight * mean(1 - cos(student, anchor))
+
+The stability term is function-space anchoring (Learning without Forgetting, Li & Hoiem 2016; TwHIN warm-starts
+for the same reason): a warm-started run learns the new day, but an entity whose neighbourhood did not change keeps
+about the embedding yesterday's model gave it, so the rankers trained on yesterday's features and the token ids
+(hir_model.quantiser, seeded from yesterday's codebooks) keep their meaning. It anchors outputs, not weights: the
+network is free to move where the served embeddings do not notice.
 
 The **student** is what gets served (`embed`, hir_model.checkpoint.load_model): the network and the view the
 retrieval objective trains are the ones the embedding job runs, so every edge type of a served row, deep ones
@@ -89,6 +97,9 @@ class Trainer:
         self.view_generator = torch.Generator().manual_seed(train_config.seed + 1)
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] | None = None  # record_validation: metric, step, student weights
+        self.anchor: HIREncoder | None = (
+            None  # warm starts: the model continued from, frozen (stability term)
+        )
 
     # -- schedules -----------------------------------------------------------------------------------------
 
@@ -135,7 +146,12 @@ class Trainer:
         distill = retrieval.new_zeros(())
         if cfg.distill_weight > 0:
             distill, report = self._distillation(batch, teacher_temp)
-        loss = cfg.distill_weight * distill + cfg.retrieval_weight * retrieval
+        stability = retrieval.new_zeros(())
+        if self.anchor is not None and cfg.stability_weight > 0:
+            stability = self._stability(batch, (users, items, negatives))
+        loss = (
+            cfg.distill_weight * distill + cfg.retrieval_weight * retrieval + cfg.stability_weight * stability
+        )
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -150,6 +166,7 @@ class Trainer:
             "loss": float(loss.detach()),
             "distill": float(distill.detach()),
             "retrieval": float(retrieval.detach()),
+            "stability": float(stability.detach()),
             "pairs": batch.users.batch_size,
             "negatives": batch.negatives.batch_size,
             "grad_norm": float(grad_norm),
@@ -161,6 +178,19 @@ class Trainer:
         }
         self.history.append(metrics)
         return metrics
+
+    def _stability(self, batch: RetrievalBatch, embedded: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """Mean 1 - cosine between the student's embeddings of the step's rows (users, positives, uniform corpus
+        items: already computed for retrieval) and the anchor's of the same rows, on the full view."""
+        assert self.anchor is not None
+        rows = (batch.users, batch.items, batch.negatives)
+        with torch.no_grad():
+            anchored = [self.anchor(r) for r in rows if r.batch_size]
+        student = [e for r, e in zip(rows, embedded, strict=True) if r.batch_size]
+        cosines = torch.cat(
+            [F.cosine_similarity(s, a, dim=-1) for s, a in zip(student, anchored, strict=True)]
+        )
+        return (1.0 - cosines).mean()
 
     def _distillation(self, batch: RetrievalBatch, teacher_temp: float) -> tuple[Tensor, dict[str, Any]]:
         """DINO between the student's sparse view and the EMA teacher's full view, on the batch's users and some of
@@ -294,6 +324,17 @@ class Trainer:
         for group, weight_decay in zip(self.optimizer.param_groups, decay, strict=True):
             group["weight_decay"] = weight_decay  # this run's settings, the moments of the last one
         self.center = state["center"].to(self.device)
+        self._anchor_on(state["student"])
+
+    def anchor_to(self, model_dir: str | Path) -> None:
+        """Anchor the stability term to a model version's student (what `warm_start` does; a resumed warm-started
+        run calls it again, since checkpoints do not carry the anchor: the version it names is immutable)."""
+        self._anchor_on(load_weights(model_dir, map_location=self.device)["student"])
+
+    def _anchor_on(self, student_state: dict[str, Tensor]) -> None:
+        anchor = copy.deepcopy(self.student)
+        anchor.load_state_dict(student_state)
+        self.anchor = anchor.eval().requires_grad_(False)
 
     @classmethod
     def resume(cls, model_dir: str | Path, device: str | torch.device | None = None) -> Trainer:

@@ -150,3 +150,30 @@ def test_a_warm_start_continues_yesterdays_networks_and_moments_under_a_new_sche
     wider = ModelConfig.from_dict({**tiny_config.to_dict(), "dim": 16})
     with pytest.raises(ValueError, match="another architecture"):
         Trainer(wider, shorter, device="cpu").warm_start(tmp_path / "yesterday")
+
+
+def test_the_stability_term_holds_a_warm_started_model_near_the_one_it_continues(
+    tmp_path: Path, tiny_config: ModelConfig, data
+) -> None:
+    yesterday = Trainer(tiny_config, TRAIN, device="cpu")
+    yesterday.fit(batches(data, 4, seed=1))
+    yesterday.save(tmp_path / "yesterday")
+    before = yesterday.embed(data.users)
+    eager = TrainConfig(lr=1e-2, steps=8, batch_size=32, warmup_steps=1, seed=12)
+    today = batches(data, 8, seed=2)
+
+    def cosine_to_yesterday(weight: float) -> tuple[float, Trainer]:
+        config = ModelConfig.from_dict({**tiny_config.to_dict(), "stability_weight": weight})
+        trainer = Trainer(config, eager, device="cpu")
+        trainer.warm_start(tmp_path / "yesterday")
+        trainer.fit(today)
+        return float(torch.nn.functional.cosine_similarity(trainer.embed(data.users), before).mean()), trainer
+
+    free, free_trainer = cosine_to_yesterday(0.0)
+    held, held_trainer = cosine_to_yesterday(50.0)
+    assert free < 0.95  # the day moves an unanchored model
+    assert held > free + 0.5 * (1.0 - free)  # the anchor takes back at least half of the drift
+    assert all(m["stability"] == 0.0 for m in free_trainer.history)  # weight 0: the term is off
+    assert max(m["stability"] for m in held_trainer.history) > 0.0
+    with pytest.raises(ValueError, match="stability_weight"):
+        ModelConfig.from_dict({**tiny_config.to_dict(), "stability_weight": -1.0})

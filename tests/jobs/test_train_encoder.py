@@ -427,6 +427,8 @@ def test_resume_refuses_without_checkpoint_or_with_other_flags(tables, inputs_a)
         (["--neighbourhoods-version", "-1"], "invalid non-negative integer value"),
         (["--lr", "-1"], "--lr must be >= 0"),
         (["--version", "../x"], "must be a plain folder name"),
+        (["--stability-weight", "-0.5"], "--stability-weight must be 0 or more"),
+        (["--stability-weight", "nan"], "--stability-weight must be 0 or more"),
     ],
 )
 def test_bad_flags_fail_in_one_line(tmp_path, capsys, extra, message) -> None:
