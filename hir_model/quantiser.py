@@ -192,6 +192,11 @@ class ResidualQuantiser:
         codebooks = self._require_fit().to(codes.device)
         return sum(codebooks[level][codes[:, level]] for level in range(self.levels))
 
+    def reconstruction_error(self, embeddings: Tensor) -> float:
+        """Mean squared distance of each (N, D) embedding to the reconstruction of its nearest path."""
+        embeddings = embeddings.detach().float()
+        return float(((embeddings - self.reconstruct(self.encode(embeddings))) ** 2).sum(dim=1).mean())
+
     def permuted(self, perms: list[Tensor]) -> ResidualQuantiser:
         """A copy whose level-l code j is renamed perms[l][j] (each a permutation of range(K)). Renaming codes
         changes no assignment, residual or weight: only the ids the tokens carry."""
@@ -243,6 +248,28 @@ class ResidualQuantiser:
     @classmethod
     def load(cls, path: str | Path) -> ResidualQuantiser:
         return cls.from_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def keep_or_refit(
+    previous: ResidualQuantiser, refit: ResidualQuantiser, embeddings: Tensor, tolerance: float
+) -> tuple[ResidualQuantiser, float]:
+    """Yesterday's codebooks while they still describe today's embeddings: `previous` (unchanged: its code ids,
+    centroids and temperatures) when its reconstruction error on `embeddings` is at most `tolerance` times the
+    day's own refit's, else `refit`; with the error ratio previous / refit. A refit moves every centroid a little,
+    and an entity near a boundary then changes token though its vector did not move; keeping the codebooks lets
+    only the entities that moved change, and the tolerance bounds what that costs in fidelity (1: kept only when no
+    worse than a refit)."""
+    if tolerance < 1.0:
+        raise ValueError(f"tolerance must be >= 1, got {tolerance}")
+    if (
+        previous.codebooks is None
+        or refit.codebooks is None
+        or previous.codebooks.shape != refit.codebooks.shape
+    ):
+        raise ValueError("keep_or_refit needs two fitted quantisers of the same shape")
+    refit_error = refit.reconstruction_error(embeddings)
+    ratio = previous.reconstruction_error(embeddings) / refit_error if refit_error > 0 else 1.0
+    return (previous if ratio <= tolerance else refit), ratio
 
 
 def calibrated_temperature(points: Tensor, centroids: Tensor) -> float:

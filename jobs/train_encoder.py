@@ -23,7 +23,8 @@ level-0 codes against their categories go into the last line of metrics.jsonl (`
 
 Day to day: `--warm-start previous|<version>|<folder>` continues a model's networks, AdamW state and DINO centre
 for `--warm-epochs` (a quarter of --epochs by default), validating the continued model before the first step, and
-fits the quantiser from its codebooks; whatever the start, the day's codes are renamed to the ids the latest
+keeps the continued model's codebooks while they fit the day within --codebook-tolerance of a refit (else refits
+from them); whatever the start, the day's codes are renamed to the ids the latest
 earlier day's `bom_tokens` gave the same entities (jobs.train.continuity), so token ids keep their meaning.
 
 Output: `<model-dir>/<version>/` (weights.pt loadable with torch.load(weights_only=True), config.json,
@@ -65,7 +66,7 @@ from hir_model.data import (
     row_batches,
 )
 from hir_model.pairs import PairBatches, make_next_period_pairs
-from hir_model.quantiser import ResidualQuantiser, purity, quantiser_report
+from hir_model.quantiser import ResidualQuantiser, keep_or_refit, purity, quantiser_report
 from hir_model.selection import Validation
 from hir_model.trainer import Trainer
 from jobs.build_graph import parse_stage_weights
@@ -104,6 +105,10 @@ DEFAULT_THREADS = max(1, (os.cpu_count() or 2) // 2)
 # Synthetic day 2 of a warm backfill (README Results, "Day to day"): weight 0 / 2 / 10 kept unchanged items at a
 # median cosine of 0.731 / 0.905 / 0.974 to yesterday, validation recall@50 0.450 / 0.400 / 0.424.
 DEFAULT_STABILITY = 10.0
+# One warm day's step on the same backfill (days 2 and 3, stickiness 1): yesterday's codebooks, 1.22 / 1.16 times
+# a refit's reconstruction error on the day, kept level-0 for 1.000 / 0.973 of the unchanged items (refit: 0.733 /
+# 0.757).
+DEFAULT_CODEBOOK_TOLERANCE = 1.25
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,7 @@ class TrainJobConfig:
     id_buckets: int = ModelConfig.id_buckets
     levels: int = 3
     codes_per_level: int | None = None  # default: min(256, sqrt(entities))
+    codebook_tolerance: float = DEFAULT_CODEBOOK_TOLERANCE  # keep yesterday's codebooks (warm)
     progress: bool | None = None  # default: when stderr is a terminal, a live line; else a line every 5%
     allow_collapsed: bool = False  # a collapsed run is a result (the evaluation's ablations), not a failure
     warm_start: str | None = None  # a model version folder to continue from (resolved); None: cold start
@@ -188,6 +194,7 @@ class TrainJobConfig:
             "id_buckets",
             "levels",
             "codes_per_level",
+            "codebook_tolerance",
             "warm_epochs",
             "align_tokens",
         )
@@ -446,6 +453,16 @@ def build_parser() -> JobArgumentParser:
         "members per code, readable as an interest, and 256 (RQ-VAE/TIGER) caps it for large days.",
     )
     g.add_argument(
+        "--codebook-tolerance",
+        type=float,
+        default=DEFAULT_CODEBOOK_TOLERANCE,
+        metavar="T",
+        help="Warm starts: keep the continued model's codebooks (and so every token's meaning) while their "
+        "reconstruction error on the day's embeddings is at most T times that of the day's own refit (default "
+        f"{DEFAULT_CODEBOOK_TOLERANCE:g}); past it, the codebooks are refitted from them and renamed to "
+        "yesterday's ids. 1 keeps them only when they are no worse than a refit.",
+    )
+    g.add_argument(
         "--allow-collapsed",
         action="store_true",
         help="Report a collapsed run but exit 0 (the model is written either way). Off by default: a daily run "
@@ -470,6 +487,8 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         raise HirError("--id-buckets must be >= 2")
     if args.prototypes < 2:
         raise HirError("--prototypes must be >= 2")
+    if not args.codebook_tolerance >= 1:  # also refuses nan
+        raise HirError(f"--codebook-tolerance must be 1 or more, got {args.codebook_tolerance}")
     if args.codes_per_level is not None and args.codes_per_level < 2:
         raise HirError("--codes-per-level must be >= 2")
     if not 0.0 <= args.validation_share < 1.0:
@@ -521,6 +540,7 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         id_buckets=args.id_buckets,
         levels=args.levels,
         codes_per_level=args.codes_per_level,
+        codebook_tolerance=args.codebook_tolerance,
         progress=args.progress,
         allow_collapsed=args.allow_collapsed,
         warm_start=str(warm) if warm else None,
@@ -799,9 +819,11 @@ def quantise_day(
     codes_per_level: int | None,
     seed: int,
     init: ResidualQuantiser | None = None,
+    tolerance: float = DEFAULT_CODEBOOK_TOLERANCE,
 ) -> tuple[ResidualQuantiser, dict[str, Any]]:
     """Fit the BoM quantiser on the day's embeddings (from `init`'s codebooks when it has the same shape: the
-    warm-started model's), rename its codes to yesterday's ids (jobs.train.continuity), and report usage, entropy,
+    warm-started model's; `init` itself while it is within `tolerance` of the refit, hir_model.quantiser.keep_or_refit),
+    rename its codes to yesterday's ids (jobs.train.continuity), and report usage, entropy,
     collisions (all entities and per type), the purity of the items' level-0 codes against their categories (with
     a shuffled-label chance level) and the share of entities that kept their code ids."""
     n = embeddings.shape[0]
@@ -824,6 +846,11 @@ def quantise_day(
     quantiser = ResidualQuantiser(levels=levels, codes_per_level=codes, seed=seed).fit(
         embeddings[fit_rows], init=init if same_shape else None
     )
+    codebooks, kept_error_ratio = "fitted", None
+    if same_shape:
+        assert init is not None
+        quantiser, kept_error_ratio = keep_or_refit(init, quantiser, embeddings, tolerance)
+        codebooks = "kept" if quantiser is init else "refitted"
     quantiser, hard, alignment = align_quantiser(
         quantiser, quantiser.encode(embeddings), rows.node_id, inputs.previous_tokens
     )
@@ -832,6 +859,8 @@ def quantise_day(
         "codes_per_level": codes,
         "fit_rows": sample,
         "seeded_from_warm_start": same_shape,
+        "codebooks": codebooks,  # fitted (cold), kept (yesterday's) or refitted (from yesterday's)
+        "kept_error_ratio": kept_error_ratio,  # yesterday's codebooks' error on the day / the refit's
         "alignment": alignment,
         **quantiser_report(hard, codes),
         "by_type": {},
@@ -894,8 +923,16 @@ class TrainReport:
         )
         warm = self.summary.get("warm_start")
         kept = (q.get("alignment") or {}).get("code_kept")
-        continuity = (f", warm from {warm}" if warm else ", cold start") + (
-            f", token ids kept {[None if k is None else round(k, 3) for k in kept]}" if kept else ""
+        ratio = q.get("kept_error_ratio")
+        codebooks = (
+            f", yesterday's codebooks {q['codebooks']} ({ratio:.2f}x a refit's error)"
+            if ratio is not None
+            else ""
+        )
+        continuity = (
+            (f", warm from {warm}" if warm else ", cold start")
+            + codebooks
+            + (f", token ids kept {[None if k is None else round(k, 3) for k in kept]}" if kept else "")
         )
         return (
             f"model {self.version} [{state}]: {self.steps} steps in {self.seconds:.1f}s on "
@@ -1086,6 +1123,7 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         cfg.codes_per_level,
         cfg.seed,
         load_quantiser(cfg.warm_start) if cfg.warm_start else None,
+        cfg.codebook_tolerance,
     )
     window = trainer.history[-max(1, len(trainer.history) // 10) :]
     seconds = round(time.perf_counter() - started, 3)

@@ -13,6 +13,7 @@ from hir_model.quantiser import (
     code_entropy,
     code_usage,
     collision_rate,
+    keep_or_refit,
     purity,
     quantiser_report,
 )
@@ -171,6 +172,39 @@ def test_fit_seeded_with_yesterdays_codebooks_keeps_code_ids() -> None:
     assert not torch.equal(cold.encode(moved)[:, 0], before)
     with pytest.raises(ValueError, match="init codebooks"):
         ResidualQuantiser(levels=2, codes_per_level=4, seed=5).fit(moved, init=yesterday)
+
+
+def test_yesterdays_codebooks_are_kept_while_they_fit_and_refitted_once_the_data_moved() -> None:
+    points, _ = gaussian_clusters(num_clusters=8, per_cluster=30, dim=8, seed=4)
+    yesterday = ResidualQuantiser(levels=2, codes_per_level=8, seed=0).fit(points)
+    jitter = 0.05 * torch.randn(points.shape, generator=torch.Generator().manual_seed(9))
+    steady = points + jitter
+    refit = ResidualQuantiser(levels=2, codes_per_level=8, seed=5).fit(steady, init=yesterday)
+    kept, ratio = keep_or_refit(yesterday, refit, steady, tolerance=1.25)
+    assert kept is yesterday and 0.5 < ratio <= 1.25
+    # Half the entities jump far away: yesterday's centroids no longer describe them.
+    moved = steady.clone()
+    moved[: len(moved) // 2] += 20.0
+    refit = ResidualQuantiser(levels=2, codes_per_level=8, seed=5).fit(moved, init=yesterday)
+    chosen, ratio = keep_or_refit(yesterday, refit, moved, tolerance=1.25)
+    assert chosen is refit and ratio > 1.25
+    by_hand = (
+        (
+            (
+                moved
+                - yesterday.codebooks[0][yesterday.encode(moved)[:, 0]]
+                - yesterday.codebooks[1][yesterday.encode(moved)[:, 1]]
+            )
+            ** 2
+        )
+        .sum(dim=1)
+        .mean()
+    )
+    assert yesterday.reconstruction_error(moved) == pytest.approx(float(by_hand), rel=1e-5)
+    with pytest.raises(ValueError, match="tolerance must be >= 1"):
+        keep_or_refit(yesterday, refit, moved, tolerance=0.5)
+    with pytest.raises(ValueError, match="same shape"):
+        keep_or_refit(yesterday, ResidualQuantiser(levels=2, codes_per_level=4).fit(moved), moved, 1.25)
 
 
 def line_quantiser() -> ResidualQuantiser:

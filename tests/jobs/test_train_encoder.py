@@ -429,6 +429,7 @@ def test_resume_refuses_without_checkpoint_or_with_other_flags(tables, inputs_a)
         (["--version", "../x"], "must be a plain folder name"),
         (["--stability-weight", "-0.5"], "--stability-weight must be 0 or more"),
         (["--stability-weight", "nan"], "--stability-weight must be 0 or more"),
+        (["--codebook-tolerance", "0.9"], "--codebook-tolerance must be 1 or more"),
     ],
 )
 def test_bad_flags_fail_in_one_line(tmp_path, capsys, extra, message) -> None:
