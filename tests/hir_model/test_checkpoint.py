@@ -126,12 +126,18 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(
     assert [m["loss"] for m in resumed.history] == pytest.approx([m["loss"] for m in uninterrupted.history])
 
 
+def yesterdays_model(folder: Path, config: ModelConfig, data) -> Trainer:
+    """Four steps of training, saved to `folder`: the model a warm start continues."""
+    yesterday = Trainer(config, TRAIN, device="cpu")
+    yesterday.fit(batches(data, 4, seed=1))
+    yesterday.save(folder)
+    return yesterday
+
+
 def test_a_warm_start_continues_yesterdays_networks_and_moments_under_a_new_schedule(
     tmp_path: Path, tiny_config: ModelConfig, data
 ) -> None:
-    yesterday = Trainer(tiny_config, TRAIN, device="cpu")
-    yesterday.fit(batches(data, 4, seed=1))
-    yesterday.save(tmp_path / "yesterday")
+    yesterday = yesterdays_model(tmp_path / "yesterday", tiny_config, data)
     shorter = TrainConfig(lr=1e-3, steps=2, batch_size=32, warmup_steps=1, seed=12, weight_decay=0.01)
     today = Trainer(tiny_config, shorter, device="cpu")
     today.warm_start(tmp_path / "yesterday")
@@ -155,9 +161,7 @@ def test_a_warm_start_continues_yesterdays_networks_and_moments_under_a_new_sche
 def test_the_stability_term_holds_a_warm_started_model_near_the_one_it_continues(
     tmp_path: Path, tiny_config: ModelConfig, data
 ) -> None:
-    yesterday = Trainer(tiny_config, TRAIN, device="cpu")
-    yesterday.fit(batches(data, 4, seed=1))
-    yesterday.save(tmp_path / "yesterday")
+    yesterday = yesterdays_model(tmp_path / "yesterday", tiny_config, data)
     before = yesterday.embed(data.users)
     eager = TrainConfig(lr=1e-2, steps=8, batch_size=32, warmup_steps=1, seed=12)
     today = batches(data, 8, seed=2)
