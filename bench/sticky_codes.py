@@ -14,6 +14,10 @@ quantiser was aligned to). Each margin re-derives day d's paths from those, as `
 * off nearest: the share of entities whose level-0 code is not their nearest one (what the margin costs);
 * error: the mean squared error of the full path's reconstruction against margin 0's (1.00 = no cost).
 
+Each margin is computed twice: with the codebooks of day d's model (`day`: whatever its training chose, a refit or
+yesterday's kept under `--codebook-tolerance`) and with those of day d - 1's model (`kept`: what keeping
+yesterday's codebooks would have given that day), errors against the `day` codebooks' margin 0.
+
 Margin 0 is the plain nearest code; the backfill's own margin shaped day d - 1's paths, so each row is one day's
 step from the same yesterday, not a backfill run at that margin. Reads the tables without Spark (deltalake).
 """
@@ -65,6 +69,10 @@ def sweep(warehouse: Path, ds: dt.date) -> list[dict] | None:
     quantiser = load_quantiser(model_dir)
     if previous_day is None or quantiser is None:
         return None
+    previous_model = read_day(warehouse, "embeddings", previous_day, ["model_version"])["model_version"].iloc[
+        0
+    ]
+    kept = load_quantiser(warehouse / "models" / str(previous_model))
     yesterday = previous_codes(warehouse, previous_day, quantiser.levels)
     shared = today[today["node_id"].isin(yesterday.index)].reset_index(drop=True)
     old = torch.tensor(np.stack(yesterday.loc[shared["node_id"]].to_numpy()), dtype=torch.long)
@@ -76,19 +84,24 @@ def sweep(warehouse: Path, ds: dt.date) -> list[dict] | None:
     nearest = quantiser.encode(vectors)
     base_error = float(((vectors - quantiser.reconstruct(nearest)) ** 2).sum(dim=1).mean())
     out = []
-    for margin in MARGINS:
-        codes = quantiser.bag(vectors, top_n=1, previous=old, stickiness=margin)[0][:, :, 0]
-        kept = (codes[:, 0] == old[:, 0]).numpy()
-        error = float(((vectors - quantiser.reconstruct(codes)) ** 2).sum(dim=1).mean())
+    for name, codebooks, margin in [
+        (n, q, m) for n, q in (("day", quantiser), ("kept", kept)) for m in MARGINS
+    ]:
+        if codebooks is None or codebooks.codebooks.shape != quantiser.codebooks.shape:
+            continue
+        codes = codebooks.bag(vectors, top_n=1, previous=old, stickiness=margin)[0][:, :, 0]
+        kept_code = (codes[:, 0] == old[:, 0]).numpy()
+        error = float(((vectors - codebooks.reconstruct(codes)) ** 2).sum(dim=1).mean())
         out.append(
             {
                 "ds": str(ds),
+                "codebooks": name,
                 "margin": margin,
                 "unchanged": int(unchanged.sum()),
                 "shared": len(shared),
-                "kept_unchanged": float(kept[unchanged].mean()) if unchanged.any() else float("nan"),
-                "kept_all": float(kept.mean()),
-                "off_nearest": float((codes[:, 0] != nearest[:, 0]).double().mean()),
+                "kept_unchanged": float(kept_code[unchanged].mean()) if unchanged.any() else float("nan"),
+                "kept_all": float(kept_code.mean()),
+                "off_nearest": float((codes[:, 0] != codebooks.encode(vectors)[:, 0]).double().mean()),
                 "error": error / base_error if base_error > 0 else 1.0,
             }
         )
@@ -114,13 +127,13 @@ def main() -> None:
             kept_all_n=frame["kept_all"] * frame["shared"],
             off_n=frame["off_nearest"] * frame["shared"],
         )
-        .groupby("margin")[["kept_unchanged_n", "unchanged", "kept_all_n", "off_n", "shared"]]
+        .groupby(["codebooks", "margin"])[["kept_unchanged_n", "unchanged", "kept_all_n", "off_n", "shared"]]
         .sum()
     )
     print("\npooled over the days:")
-    for margin, r in pooled.iterrows():
+    for (codebooks, margin), r in pooled.iterrows():
         print(
-            f"  margin {margin:<5} kept unchanged {r['kept_unchanged_n'] / max(r['unchanged'], 1):.3f} "
+            f"  {codebooks:<4} margin {margin:<5} kept unchanged {r['kept_unchanged_n'] / max(r['unchanged'], 1):.3f} "
             f"({int(r['unchanged'])}), kept all {r['kept_all_n'] / r['shared']:.3f}, "
             f"off nearest {r['off_n'] / r['shared']:.3f}"
         )
