@@ -81,30 +81,29 @@ def sweep(warehouse: Path, ds: dt.date) -> list[dict] | None:
         [n in before.index and n in after.index and before[n] == after[n] for n in shared["node_id"]]
     )
     vectors = torch.from_numpy(np.stack(shared["vector"].to_numpy()).astype(np.float32))
-    nearest = quantiser.encode(vectors)
-    base_error = float(((vectors - quantiser.reconstruct(nearest)) ** 2).sum(dim=1).mean())
+    base_error = quantiser.reconstruction_error(vectors)
     out = []
-    for name, codebooks, margin in [
-        (n, q, m) for n, q in (("day", quantiser), ("kept", kept)) for m in MARGINS
-    ]:
+    for name, codebooks in (("day", quantiser), ("kept", kept)):
         if codebooks is None or codebooks.codebooks.shape != quantiser.codebooks.shape:
             continue
-        codes = codebooks.bag(vectors, top_n=1, previous=old, stickiness=margin)[0][:, :, 0]
-        kept_code = (codes[:, 0] == old[:, 0]).numpy()
-        error = float(((vectors - codebooks.reconstruct(codes)) ** 2).sum(dim=1).mean())
-        out.append(
-            {
-                "ds": str(ds),
-                "codebooks": name,
-                "margin": margin,
-                "unchanged": int(unchanged.sum()),
-                "shared": len(shared),
-                "kept_unchanged": float(kept_code[unchanged].mean()) if unchanged.any() else float("nan"),
-                "kept_all": float(kept_code.mean()),
-                "off_nearest": float((codes[:, 0] != codebooks.encode(vectors)[:, 0]).double().mean()),
-                "error": error / base_error if base_error > 0 else 1.0,
-            }
-        )
+        nearest = codebooks.encode(vectors)
+        for margin in MARGINS:
+            codes = codebooks.bag(vectors, top_n=1, previous=old, stickiness=margin)[0][:, :, 0]
+            kept_code = (codes[:, 0] == old[:, 0]).numpy()
+            error = float(((vectors - codebooks.reconstruct(codes)) ** 2).sum(dim=1).mean())
+            out.append(
+                {
+                    "ds": str(ds),
+                    "codebooks": name,
+                    "margin": margin,
+                    "unchanged": int(unchanged.sum()),
+                    "shared": len(shared),
+                    "kept_unchanged": float(kept_code[unchanged].mean()) if unchanged.any() else float("nan"),
+                    "kept_all": float(kept_code.mean()),
+                    "off_nearest": float((codes[:, 0] != nearest[:, 0]).double().mean()),
+                    "error": error / base_error if base_error > 0 else 1.0,
+                }
+            )
     return out
 
 

@@ -97,9 +97,7 @@ class Trainer:
         self.view_generator = torch.Generator().manual_seed(train_config.seed + 1)
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] | None = None  # record_validation: metric, step, student weights
-        self.anchor: HIREncoder | None = (
-            None  # warm starts: the model continued from, frozen (stability term)
-        )
+        self.anchor: HIREncoder | None = None  # warm starts: the continued model, frozen (stability term)
 
     # -- schedules -----------------------------------------------------------------------------------------
 
@@ -147,7 +145,7 @@ class Trainer:
         if cfg.distill_weight > 0:
             distill, report = self._distillation(batch, teacher_temp)
         stability = retrieval.new_zeros(())
-        if self.anchor is not None and cfg.stability_weight > 0:
+        if self.anchor is not None:  # set only for warm starts with stability_weight > 0
             stability = self._stability(batch, (users, items, negatives))
         loss = (
             cfg.distill_weight * distill + cfg.retrieval_weight * retrieval + cfg.stability_weight * stability
@@ -329,9 +327,14 @@ class Trainer:
     def anchor_to(self, model_dir: str | Path) -> None:
         """Anchor the stability term to a model version's student (what `warm_start` does; a resumed warm-started
         run calls it again, since checkpoints do not carry the anchor: the version it names is immutable)."""
-        self._anchor_on(load_weights(model_dir, map_location=self.device)["student"])
+        if self.model_config.stability_weight > 0:
+            self._anchor_on(load_weights(model_dir, map_location=self.device)["student"])
 
     def _anchor_on(self, student_state: dict[str, Tensor]) -> None:
+        """A frozen copy of the student holding `student_state`; none when the stability term is off (weight 0),
+        so a warm start without it keeps no second network in memory."""
+        if self.model_config.stability_weight <= 0:
+            return
         anchor = copy.deepcopy(self.student)
         anchor.load_state_dict(student_state)
         self.anchor = anchor.eval().requires_grad_(False)
