@@ -58,17 +58,33 @@ def kmeans_plus_plus(points: Tensor, k: int, generator: torch.Generator) -> Tens
 
 
 def kmeans(
-    points: Tensor, k: int, iters: int, generator: torch.Generator, init: Tensor | None = None
+    points: Tensor,
+    k: int,
+    iters: int,
+    generator: torch.Generator,
+    init: Tensor | None = None,
+    pull: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Lloyd's k-means from `init` (K, D) when given (yesterday's codebook: codes keep their place), else from
-    k-means++ seeds. Returns centroids (K, D) and assignments (N,)."""
-    centroids = init.to(points) if init is not None else kmeans_plus_plus(points, k, generator)
+    k-means++ seeds. Returns centroids (K, D) and assignments (N,).
+
+    pull > 0 (needs `init`) anchors each centroid to its init: the update is (sum of members + pull * init) /
+    (members + pull), the mean under a prior worth `pull` points sitting at yesterday's centroid (the form of
+    VQ-VAE's EMA codebook update). 0 is plain Lloyd; as pull grows the codebook tends to `init` itself."""
+    if pull < 0 or (pull > 0 and init is None):
+        raise ValueError(f"pull must be >= 0 and needs init centroids, got {pull}")
+    anchor = init.to(points) if init is not None else None
+    centroids = anchor if anchor is not None else kmeans_plus_plus(points, k, generator)
     assign = squared_distances(points, centroids).argmin(dim=1)
     for _ in range(iters):
         sums = torch.zeros_like(centroids).index_add_(0, assign, points)
         counts = torch.bincount(assign, minlength=k).to(points.dtype)
-        # An emptied cluster keeps its old centroid (deterministic, and it may win points back next round).
-        centroids = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], centroids)
+        if pull > 0:
+            assert anchor is not None
+            centroids = (sums + pull * anchor) / (counts + pull)[:, None]
+        else:
+            # An emptied cluster keeps its old centroid (deterministic, and it may win points back next round).
+            centroids = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], centroids)
         new_assign = squared_distances(points, centroids).argmin(dim=1)
         if torch.equal(new_assign, assign):
             break
@@ -95,10 +111,13 @@ class ResidualQuantiser:
             raise RuntimeError("ResidualQuantiser is not fitted: call fit() or load() first")
         return self.codebooks
 
-    def fit(self, embeddings: Tensor, init: ResidualQuantiser | None = None) -> ResidualQuantiser:
+    def fit(
+        self, embeddings: Tensor, init: ResidualQuantiser | None = None, pull: float = 0.0
+    ) -> ResidualQuantiser:
         """Learn the codebooks level by level on (N, D) embeddings. `init`, a fitted quantiser of the same shape
         (yesterday's, when the encoder was warm-started from yesterday's), seeds Lloyd's iterations at its codebooks,
-        so a code keeps its meaning where the data did not move; without it, k-means++ seeds."""
+        so a code keeps its meaning where the data did not move; without it, k-means++ seeds. `pull` (with `init`)
+        anchors every level's centroids to init's, in points per code (see kmeans)."""
         if embeddings.ndim != 2 or embeddings.shape[0] < self.codes_per_level:
             raise ValueError(
                 f"need an (N, D) matrix with N >= codes_per_level={self.codes_per_level}, got {tuple(embeddings.shape)}"
@@ -123,6 +142,7 @@ class ResidualQuantiser:
                 self.iters,
                 generator,
                 seeds[level] if seeds is not None else None,
+                pull,
             )
             codebooks.append(centroids)
             temperatures.append(calibrated_temperature(residual, centroids))
@@ -250,26 +270,57 @@ class ResidualQuantiser:
         return cls.from_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
-def keep_or_refit(
-    previous: ResidualQuantiser, refit: ResidualQuantiser, embeddings: Tensor, tolerance: float
-) -> tuple[ResidualQuantiser, float]:
-    """Yesterday's codebooks while they still describe today's embeddings: `previous` (unchanged: its code ids,
-    centroids and temperatures) when its reconstruction error on `embeddings` is at most `tolerance` times the
-    day's own refit's, else `refit`; with the error ratio previous / refit. A refit moves every centroid a little,
-    and an entity near a boundary then changes token though its vector did not move; keeping the codebooks lets
-    only the entities that moved change, and the tolerance bounds what that costs in fidelity (1: kept only when no
-    worse than a refit)."""
-    if tolerance < 1.0:
+# The pulls continue_codebooks tries, most anchored first, in mean cluster sizes (N / K points per code): at 16 a
+# code's prior outweighs its members 16 to 1 on average; at 0.25 the members dominate. Its ladder's ends are
+# yesterday's codebooks as they are and a plain refit.
+ANCHOR_PULLS = (16.0, 8.0, 4.0, 2.0, 1.0, 0.5, 0.25)
+
+
+def continue_codebooks(
+    previous: ResidualQuantiser, fit_points: Tensor, embeddings: Tensor, tolerance: float
+) -> tuple[ResidualQuantiser, dict[str, float | str | None]]:
+    """Today's codebooks on a warm start: the ones closest to yesterday's whose reconstruction error on `embeddings`
+    is at most `tolerance` times a plain refit's (Lloyd from yesterday's codebooks on `fit_points`).
+
+    A refit moves every centroid, and an entity whose vector did not move then crosses a code boundary and changes
+    token. So the candidates are tried from the most stable down: yesterday's `previous` unchanged (its ids,
+    centroids and temperatures), then refits whose centroids are anchored to yesterday's (kmeans' pull) from
+    ANCHOR_PULLS[0] to ANCHOR_PULLS[-1] mean cluster sizes, then the plain refit. The first within tolerance wins:
+    the codes move only as far as the day's data needs for the fidelity asked (1: no worse than a refit).
+
+    Returns the quantiser and a report: codebooks (kept, anchored or refitted), anchor_pull (mean cluster sizes,
+    for anchored), error_ratio (the chosen one's error / the refit's) and kept_error_ratio (yesterday's / the
+    refit's)."""
+    if not tolerance >= 1.0:
         raise ValueError(f"tolerance must be >= 1, got {tolerance}")
-    if (
-        previous.codebooks is None
-        or refit.codebooks is None
-        or previous.codebooks.shape != refit.codebooks.shape
+    if previous.codebooks is None or tuple(previous.codebooks.shape[1:]) != (
+        previous.codes_per_level,
+        fit_points.shape[1],
     ):
-        raise ValueError("keep_or_refit needs two fitted quantisers of the same shape")
-    refit_error = refit.reconstruction_error(embeddings)
-    ratio = previous.reconstruction_error(embeddings) / refit_error if refit_error > 0 else 1.0
-    return (previous if ratio <= tolerance else refit), ratio
+        raise ValueError("continue_codebooks needs a fitted quantiser of the embeddings' dimension")
+
+    def refit(pull: float) -> ResidualQuantiser:
+        return ResidualQuantiser(
+            previous.levels, previous.codes_per_level, previous.iters, previous.seed
+        ).fit(fit_points, init=previous, pull=pull)
+
+    plain = refit(0.0)
+    refit_error = plain.reconstruction_error(embeddings)
+
+    def ratio_of(quantiser: ResidualQuantiser) -> float:
+        return quantiser.reconstruction_error(embeddings) / refit_error if refit_error > 0 else 1.0
+
+    kept_ratio = ratio_of(previous)
+    report: dict[str, float | str | None] = {"kept_error_ratio": kept_ratio, "anchor_pull": None}
+    if kept_ratio <= tolerance:
+        return previous, {**report, "codebooks": "kept", "error_ratio": kept_ratio}
+    mean_size = fit_points.shape[0] / previous.codes_per_level
+    for pull in ANCHOR_PULLS:
+        candidate = refit(pull * mean_size)
+        ratio = ratio_of(candidate)
+        if ratio <= tolerance:
+            return candidate, {**report, "codebooks": "anchored", "anchor_pull": pull, "error_ratio": ratio}
+    return plain, {**report, "codebooks": "refitted", "error_ratio": 1.0}
 
 
 def calibrated_temperature(points: Tensor, centroids: Tensor) -> float:

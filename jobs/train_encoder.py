@@ -23,8 +23,8 @@ level-0 codes against their categories go into the last line of metrics.jsonl (`
 
 Day to day: `--warm-start previous|<version>|<folder>` continues a model's networks, AdamW state and DINO centre
 for `--warm-epochs` (a quarter of --epochs by default), validating the continued model before the first step, and
-keeps the continued model's codebooks while they fit the day within --codebook-tolerance of a refit (else refits
-from them); whatever the start, the day's codes are renamed to the ids the latest
+keeps the continued model's codebooks while they fit the day within --codebook-tolerance of a refit (else the refit
+anchored closest to them within it); whatever the start, the day's codes are renamed to the ids the latest
 earlier day's `bom_tokens` gave the same entities (jobs.train.continuity), so token ids keep their meaning.
 
 Output: `<model-dir>/<version>/` (weights.pt loadable with torch.load(weights_only=True), config.json,
@@ -66,7 +66,7 @@ from hir_model.data import (
     row_batches,
 )
 from hir_model.pairs import PairBatches, make_next_period_pairs
-from hir_model.quantiser import ResidualQuantiser, keep_or_refit, purity, quantiser_report
+from hir_model.quantiser import ResidualQuantiser, continue_codebooks, purity, quantiser_report
 from hir_model.selection import Validation
 from hir_model.trainer import Trainer
 from jobs.build_graph import parse_stage_weights
@@ -459,8 +459,9 @@ def build_parser() -> JobArgumentParser:
         metavar="T",
         help="Warm starts: keep the continued model's codebooks (and so every token's meaning) while their "
         "reconstruction error on the day's embeddings is at most T times that of the day's own refit (default "
-        f"{DEFAULT_CODEBOOK_TOLERANCE:g}); past it, the codebooks are refitted from them and renamed to "
-        "yesterday's ids. 1 keeps them only when they are no worse than a refit.",
+        f"{DEFAULT_CODEBOOK_TOLERANCE:g}); past it, the refit whose centroids are pulled hardest toward "
+        "yesterday's while within T (else a plain refit from them), renamed to yesterday's ids. 1: no worse "
+        "than a refit.",
     )
     g.add_argument(
         "--allow-collapsed",
@@ -822,7 +823,7 @@ def quantise_day(
     tolerance: float = DEFAULT_CODEBOOK_TOLERANCE,
 ) -> tuple[ResidualQuantiser, dict[str, Any]]:
     """Fit the BoM quantiser on the day's embeddings (from `init`'s codebooks when it has the same shape: the
-    warm-started model's; `init` itself while it is within `tolerance` of the refit, hir_model.quantiser.keep_or_refit),
+    warm-started model's: the closest to `init`'s within `tolerance` of a refit, hir_model.quantiser.continue_codebooks),
     rename its codes to yesterday's ids (jobs.train.continuity), and report usage, entropy,
     collisions (all entities and per type), the purity of the items' level-0 codes against their categories (with
     a shuffled-label chance level) and the share of entities that kept their code ids."""
@@ -843,14 +844,14 @@ def quantise_day(
         and init.codebooks is not None
         and tuple(init.codebooks.shape) == (levels, codes, embeddings.shape[1])
     )
-    quantiser = ResidualQuantiser(levels=levels, codes_per_level=codes, seed=seed).fit(
-        embeddings[fit_rows], init=init if same_shape else None
-    )
-    codebooks, kept_error_ratio = "fitted", None
+    continuation: dict[str, Any] = {"codebooks": "fitted", "kept_error_ratio": None}
     if same_shape:
         assert init is not None
-        quantiser, kept_error_ratio = keep_or_refit(init, quantiser, embeddings, tolerance)
-        codebooks = "kept" if quantiser is init else "refitted"
+        quantiser, continuation = continue_codebooks(init, embeddings[fit_rows], embeddings, tolerance)
+    else:
+        quantiser = ResidualQuantiser(levels=levels, codes_per_level=codes, seed=seed).fit(
+            embeddings[fit_rows]
+        )
     quantiser, hard, alignment = align_quantiser(
         quantiser, quantiser.encode(embeddings), rows.node_id, inputs.previous_tokens
     )
@@ -859,8 +860,9 @@ def quantise_day(
         "codes_per_level": codes,
         "fit_rows": sample,
         "seeded_from_warm_start": same_shape,
-        "codebooks": codebooks,  # fitted (cold), kept (yesterday's) or refitted (from yesterday's)
-        "kept_error_ratio": kept_error_ratio,  # yesterday's codebooks' error on the day / the refit's
+        # codebooks: fitted (cold), kept (yesterday's), anchored (refitted, pulled to yesterday's) or refitted;
+        # error_ratio / kept_error_ratio: the chosen codebooks' / yesterday's error on the day over a refit's.
+        **continuation,
         "alignment": alignment,
         **quantiser_report(hard, codes),
         "by_type": {},
@@ -924,8 +926,11 @@ class TrainReport:
         warm = self.summary.get("warm_start")
         kept = (q.get("alignment") or {}).get("code_kept")
         ratio = q.get("kept_error_ratio")
+        pull = q.get("anchor_pull")
         codebooks = (
-            f", yesterday's codebooks {q['codebooks']} ({ratio:.2f}x a refit's error)"
+            f", codebooks {q['codebooks']}"
+            + (f" with pull {pull:g} ({q['error_ratio']:.2f}x a refit's error)" if pull is not None else "")
+            + f" (yesterday's: {ratio:.2f}x a refit's error)"
             if ratio is not None
             else ""
         )

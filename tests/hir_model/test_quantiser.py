@@ -13,7 +13,8 @@ from hir_model.quantiser import (
     code_entropy,
     code_usage,
     collision_rate,
-    keep_or_refit,
+    continue_codebooks,
+    kmeans,
     purity,
     quantiser_report,
 )
@@ -174,20 +175,18 @@ def test_fit_seeded_with_yesterdays_codebooks_keeps_code_ids() -> None:
         ResidualQuantiser(levels=2, codes_per_level=4, seed=5).fit(moved, init=yesterday)
 
 
-def test_yesterdays_codebooks_are_kept_while_they_fit_and_refitted_once_the_data_moved() -> None:
+def test_yesterdays_codebooks_are_kept_while_they_fit_anchored_when_the_data_moved_and_refitted_past_that() -> (
+    None
+):
     points, _ = gaussian_clusters(num_clusters=8, per_cluster=30, dim=8, seed=4)
     yesterday = ResidualQuantiser(levels=2, codes_per_level=8, seed=0).fit(points)
     jitter = 0.05 * torch.randn(points.shape, generator=torch.Generator().manual_seed(9))
     steady = points + jitter
-    refit = ResidualQuantiser(levels=2, codes_per_level=8, seed=5).fit(steady, init=yesterday)
-    kept, ratio = keep_or_refit(yesterday, refit, steady, tolerance=1.25)
-    assert kept is yesterday and 0.5 < ratio <= 1.25
+    kept, report = continue_codebooks(yesterday, steady, steady, tolerance=1.25)
+    assert kept is yesterday and report["codebooks"] == "kept" and 0.5 < report["kept_error_ratio"] <= 1.25
     # Half the entities jump far away: yesterday's centroids no longer describe them.
     moved = steady.clone()
     moved[: len(moved) // 2] += 20.0
-    refit = ResidualQuantiser(levels=2, codes_per_level=8, seed=5).fit(moved, init=yesterday)
-    chosen, ratio = keep_or_refit(yesterday, refit, moved, tolerance=1.25)
-    assert chosen is refit and ratio > 1.25
     by_hand = (
         (
             (
@@ -201,10 +200,38 @@ def test_yesterdays_codebooks_are_kept_while_they_fit_and_refitted_once_the_data
         .mean()
     )
     assert yesterday.reconstruction_error(moved) == pytest.approx(float(by_hand), rel=1e-5)
+    plain = ResidualQuantiser(levels=2, codes_per_level=8, seed=0).fit(moved, init=yesterday)
+    refit_error = plain.reconstruction_error(moved)
+    # Any tolerance below yesterday's ratio refuses the kept codebooks; a loose one takes an anchored refit,
+    # whose error sits between the plain refit's and yesterday's, and a tight one the plain refit itself.
+    _, report = continue_codebooks(yesterday, moved, moved, tolerance=1.0)
+    assert report["codebooks"] == "refitted" and report["error_ratio"] == 1.0
+    kept_ratio = report["kept_error_ratio"]
+    assert kept_ratio == pytest.approx(float(by_hand) / refit_error, rel=1e-5) and kept_ratio > 1.25
+    loose = 1.0 + 0.9 * (kept_ratio - 1.0)
+    anchored, report = continue_codebooks(yesterday, moved, moved, tolerance=loose)
+    assert report["codebooks"] == "anchored" and report["anchor_pull"] > 0
+    assert 1.0 <= report["error_ratio"] <= loose
+    assert report["error_ratio"] == pytest.approx(
+        anchored.reconstruction_error(moved) / refit_error, rel=1e-5
+    )
     with pytest.raises(ValueError, match="tolerance must be >= 1"):
-        keep_or_refit(yesterday, refit, moved, tolerance=0.5)
-    with pytest.raises(ValueError, match="same shape"):
-        keep_or_refit(yesterday, ResidualQuantiser(levels=2, codes_per_level=4).fit(moved), moved, 1.25)
+        continue_codebooks(yesterday, moved, moved, tolerance=0.5)
+    with pytest.raises(ValueError, match="embeddings' dimension"):
+        continue_codebooks(yesterday, moved[:, :4], moved[:, :4], 1.25)
+
+
+def test_an_anchored_centroid_is_the_mean_of_its_members_and_its_prior() -> None:
+    # One code on the line: members at 1 and 3 (mean 2), yesterday's centroid at 0. With a pull of 2 points the
+    # centroid is (1 + 3 + 2 * 0) / (2 + 2) = 1; with none it is the members' mean, 2.
+    points = torch.tensor([[1.0], [3.0]])
+    init = torch.tensor([[0.0]])
+    generator = torch.Generator().manual_seed(0)
+    anchored, _ = kmeans(points, 1, 10, generator, init=init, pull=2.0)
+    plain, _ = kmeans(points, 1, 10, generator, init=init)
+    assert float(anchored[0, 0]) == pytest.approx(1.0) and float(plain[0, 0]) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="needs init"):
+        kmeans(points, 1, 10, generator, pull=2.0)
 
 
 def line_quantiser() -> ResidualQuantiser:
