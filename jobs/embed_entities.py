@@ -33,6 +33,12 @@ from jobs.train.continuity import aligned_day, previous_paths
 from schemas.tables import BOM_TOKENS, BOM_VOCAB, EMBEDDINGS, ENTITIES, ENTITY_CONTENT, NEIGHBOURHOODS, NODES
 from udfs.embed import OUTPUT_SCHEMA, EmbedSpec, embed_partitions
 
+# Hysteresis margin in level temperatures. On the 7-day synthetic warm backfill with anchored codebooks
+# (bench/sticky_codes.py, README Results "Day to day"), margin 1 kept the level-0 token of 0.82-0.88 of the
+# unchanged items on days 4, 5 and 7; margin 2 kept 0.95-1.00 on every day, at 1.05-1.15 times margin 0's
+# reconstruction error.
+DEFAULT_STICKINESS = 2.0
+
 
 @dataclass(frozen=True)
 class EmbedConfig:
@@ -46,7 +52,7 @@ class EmbedConfig:
     top_n: int = 3
     temperature: float | None = None  # None: the quantiser's calibrated per-level temperatures
     label_terms: int = 3
-    stickiness: float = 1.0
+    stickiness: float = DEFAULT_STICKINESS
     allow_collapsed: bool = False
 
 
@@ -102,11 +108,12 @@ def build_parser() -> JobArgumentParser:
     p.add_argument(
         "--stickiness",
         type=float,
-        default=1.0,
+        default=DEFAULT_STICKINESS,
         help="Hysteresis of the hard codes, in temperatures of each level: an entity keeps the code it had on the "
         "day the model's token ids were aligned to while that code's squared distance exceeds the nearest one's by "
         "at most this many temperatures (1: the median gap between an entity's nearest and second-nearest code), "
-        "so entities near a boundary do not flip tokens as the centroids move; 0 always takes the nearest code.",
+        "so entities near a boundary do not flip tokens as the centroids move; 0 always takes the nearest code. "
+        f"Default {DEFAULT_STICKINESS:g}.",
     )
     p.add_argument(
         "--allow-collapsed",
