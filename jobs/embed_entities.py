@@ -35,8 +35,8 @@ from udfs.embed import OUTPUT_SCHEMA, EmbedSpec, embed_partitions
 
 # Hysteresis margin in level temperatures. On the 7-day synthetic warm backfill with anchored codebooks
 # (bench/sticky_codes.py, README Results "Day to day"), margin 1 kept the level-0 token of 0.82-0.88 of the
-# unchanged items on days 4, 5 and 7; margin 2 kept 0.95-1.00 on every day, at 1.05-1.15 times margin 0's
-# reconstruction error.
+# unchanged items on days 4, 5 and 7; margin 2 kept 0.95-1.00 on every day as a one-day step, 0.92-1.00 when
+# the backfill was rerun at it, at 1.05-1.15 times margin 0's reconstruction error.
 DEFAULT_STICKINESS = 2.0
 
 
