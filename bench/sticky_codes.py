@@ -90,7 +90,7 @@ def sweep(warehouse: Path, ds: dt.date) -> list[dict] | None:
         for margin in MARGINS:
             codes = codebooks.bag(vectors, top_n=1, previous=old, stickiness=margin)[0][:, :, 0]
             kept_code = (codes[:, 0] == old[:, 0]).numpy()
-            error = float(((vectors - codebooks.reconstruct(codes)) ** 2).sum(dim=1).mean())
+            error = codebooks.reconstruction_error(vectors, codes)
             out.append(
                 {
                     "ds": str(ds),

@@ -212,10 +212,12 @@ class ResidualQuantiser:
         codebooks = self._require_fit().to(codes.device)
         return sum(codebooks[level][codes[:, level]] for level in range(self.levels))
 
-    def reconstruction_error(self, embeddings: Tensor) -> float:
-        """Mean squared distance of each (N, D) embedding to the reconstruction of its nearest path."""
+    def reconstruction_error(self, embeddings: Tensor, codes: Tensor | None = None) -> float:
+        """Mean squared distance of each (N, D) embedding to the reconstruction of its path: `codes` (N, levels)
+        when given (e.g. paths kept by hysteresis), else its nearest path."""
         embeddings = embeddings.detach().float()
-        return float(((embeddings - self.reconstruct(self.encode(embeddings))) ** 2).sum(dim=1).mean())
+        codes = self.encode(embeddings) if codes is None else codes
+        return float(((embeddings - self.reconstruct(codes)) ** 2).sum(dim=1).mean())
 
     def permuted(self, perms: list[Tensor]) -> ResidualQuantiser:
         """A copy whose level-l code j is renamed perms[l][j] (each a permutation of range(K)). Renaming codes
