@@ -12,7 +12,9 @@ sampler's user budget makes them on real data. Three measurements, each the medi
 * `retrieval`: Trainer.train_step with distillation off (what `plain` does, plus the batch's bookkeeping);
 * `full`: Trainer.train_step as trained (retrieval + cross-view distillation);
 * `warm`: `full` on a warm start, with the stability term (a no-grad forward of the continued model on the step's
-  rows: what a day-to-day run adds).
+  rows: what a day-to-day run adds);
+* `warm+users`: `warm` with the served user rows the train job adds to the term (--anchor-users per step, as the
+  job a quarter of the batch size by default): a student and a continued-model forward of each.
 
 The ratio column is each against `plain`: what the trainer adds to the unavoidable work.
 """
@@ -38,6 +40,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--heads", type=int, default=2)
+    p.add_argument(
+        "--anchor-users", type=int, default=None, help="served user rows per warm step (batch size / 4)"
+    )
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
     args = p.parse_args()
@@ -94,6 +99,13 @@ def main() -> None:
         warm = Trainer(dataclasses.replace(model, stability_weight=1.0), train, device="cpu")
         warm.warm_start(Path(folder) / "yesterday")
     results["warm"] = timed(warm.train_step)
+    anchor_users = args.batch_size // 4 if args.anchor_users is None else args.anchor_users
+    batches = list(
+        synthetic_batches(
+            data, args.batch_size, steps, seed=0, negatives=args.negatives, anchor_users=anchor_users
+        )
+    )
+    results["warm+users"] = timed(warm.train_step)
 
     print(
         f"train step on CPU, {args.threads} threads: {args.batch_size} pairs + {args.negatives} negatives, "

@@ -11,7 +11,9 @@ stage `weight` stands for. The two ends come from two sets of neighbourhood rows
   an input.
 
 A batch holds B pairs and M items drawn uniformly from the corpus (every served item row), with the logQ of each
-candidate and the masks of each row's own positives. Batch k of a run is a pure function of (rows, pairs, seed,
+candidate and the masks of each row's own positives. Warm starts add U served user rows drawn uniformly (`anchor_users`):
+the stability term's users. The pairs' users are input rows of active users only; an idle user's served row, the one a
+ranker reads tomorrow, would otherwise never be held. Batch k of a run is a pure function of (rows, pairs, seed,
 k): reruns and `--resume` give the same batches.
 """
 
@@ -114,6 +116,9 @@ class RetrievalBatch:
     in_batch_mask: Tensor  # (B, B) column j is one of row i's own positives
     negative_mask: Tensor  # (B, M)
     weights: Tensor  # (B,) stage weights
+    anchor_users: TokenBatch | None = (
+        None  # (U, L) served user rows drawn uniformly: the stability term's users
+    )
 
     def to(self, device: torch.device | str) -> RetrievalBatch:
         return RetrievalBatch(
@@ -130,6 +135,7 @@ class RetrievalBatch:
                     self.weights,
                 )
             ),
+            None if self.anchor_users is None else self.anchor_users.to(device),
         )
 
 
@@ -137,7 +143,8 @@ class PairBatches:
     """The trainer's loader: RetrievalBatch for steps [start_step, steps).
 
     An epoch is a seeded shuffle of the pairs cut into balanced batches of at most `batch_size`; each step draws
-    its `negatives` corpus items uniformly without replacement, seeded by the step.
+    its `negatives` corpus items and its `anchor_users` served user rows uniformly without replacement, seeded by
+    the step.
     """
 
     def __init__(
@@ -151,15 +158,18 @@ class PairBatches:
         seed: int,
         content: ContentTable | None = None,
         start_step: int = 0,
+        anchor_users: int = 0,
     ) -> None:
-        if batch_size < 2 or negatives < 0 or steps < 0:
-            raise ValueError("batch_size must be >= 2, negatives >= 0 and steps >= 0")
+        if batch_size < 2 or negatives < 0 or steps < 0 or anchor_users < 0:
+            raise ValueError("batch_size must be >= 2, negatives, anchor_users and steps >= 0")
         if len(pairs) < 2:
             raise ValueError(f"need at least 2 next-period pairs to train, got {len(pairs)}")
         self.inputs, self.served, self.pairs, self.content = inputs, served, pairs, content
         self.batch_size, self.steps, self.seed, self.start_step = batch_size, steps, seed, start_step
         self.corpus = np.flatnonzero(served.node_type == "item")
         self.negatives = min(negatives, len(self.corpus))
+        self.user_corpus = np.flatnonzero(served.node_type == "user")
+        self.anchor_users = min(anchor_users, len(self.user_corpus))
         # Dense codes of users and items make each (user, item) pair one exact int64 key.
         self.user_codes, user_index = np.unique(pairs.user_id, return_inverse=True)
         self.item_codes, item_index = np.unique(pairs.item_id, return_inverse=True)
@@ -180,7 +190,9 @@ class PairBatches:
         slot = np.searchsorted(self.keys, keys).clip(max=len(self.keys) - 1)
         return known[None, :] & (self.keys[slot] == keys)
 
-    def batch(self, pair_index: np.ndarray, negative_rows: np.ndarray) -> RetrievalBatch:
+    def batch(
+        self, pair_index: np.ndarray, negative_rows: np.ndarray, anchor_rows: np.ndarray | None = None
+    ) -> RetrievalBatch:
         p = self.pairs
         users = self.inputs.batch(p.user_row[pair_index], self.content)
         items = self.served.batch(p.item_row[pair_index], self.content)
@@ -201,6 +213,7 @@ class PairBatches:
             torch.from_numpy(in_batch_mask),
             torch.from_numpy(negative_mask),
             torch.from_numpy(p.weight[pair_index].copy()),
+            None if anchor_rows is None else self.served.batch(anchor_rows, self.content),
         )
 
     def __iter__(self) -> Iterator[RetrievalBatch]:
@@ -215,7 +228,11 @@ class PairBatches:
             end = (index + 1) * len(self.pairs) // per_epoch
             rng = np.random.default_rng([self.seed, 1, step])
             negative_rows = np.sort(rng.choice(self.corpus, self.negatives, replace=False))
-            yield self.batch(order[start:end], negative_rows)
+            anchor_rows = None
+            if self.anchor_users:
+                anchor_rng = np.random.default_rng([self.seed, 3, step])
+                anchor_rows = np.sort(anchor_rng.choice(self.user_corpus, self.anchor_users, replace=False))
+            yield self.batch(order[start:end], negative_rows, anchor_rows)
 
     def __len__(self) -> int:
         return max(self.steps - self.start_step, 0)

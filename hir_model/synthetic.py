@@ -283,15 +283,21 @@ def synthetic_rows(data: SyntheticNeighbourhoods) -> tuple[NeighbourhoodRows, Ne
 
 
 def synthetic_batches(
-    data: SyntheticNeighbourhoods, batch_size: int, steps: int, seed: int = 0, negatives: int | None = None
+    data: SyntheticNeighbourhoods,
+    batch_size: int,
+    steps: int,
+    seed: int = 0,
+    negatives: int | None = None,
+    anchor_users: int = 0,
 ) -> PairBatches:
-    """A trainer loader of next-period pairs: each user's conversions predicted from its views."""
+    """A trainer loader of next-period pairs: each user's conversions predicted from its views (`anchor_users`:
+    served user rows per step for a warm start's stability term)."""
     inputs, served = synthetic_rows(data)
     users = np.repeat(data.users.node_id[:, 0].numpy(), data.user_conversions.shape[1])
     items = data.items.node_id[data.user_conversions.reshape(-1), 0].numpy()
     pairs = make_next_period_pairs(inputs, served, users, items, np.full(len(users), STAGE_WEIGHT["cart"]))
     negatives = batch_size if negatives is None else negatives
-    return PairBatches(inputs, served, pairs, batch_size, negatives, steps, seed)
+    return PairBatches(inputs, served, pairs, batch_size, negatives, steps, seed, anchor_users=anchor_users)
 
 
 def random_tree_batch(

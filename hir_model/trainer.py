@@ -5,7 +5,7 @@ One step on a RetrievalBatch (hir_model.pairs):
     users, positive items, uniform negatives --full view--> student --> mixed-negative softmax (hir_model.objective)
     users, negatives --sparse view--> student --head--> student logits   (gradients)
     users, negatives --full view----> teacher --head--> teacher logits   (EMA of the student, no gradients)
-    users, items, negatives --full view--> anchor (yesterday's student, warm starts only, no gradients)
+    users, items, negatives, served users --full view--> anchor (yesterday's student, warm starts only)
     loss = retrieval_weight * retrieval + distill_weight * DINO(student | teacher)
            + stability_weight * mean(1 - cos(student, anchor))
 
@@ -177,11 +177,15 @@ class Trainer:
         self.history.append(metrics)
         return metrics
 
-    def _stability(self, batch: RetrievalBatch, embedded: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+    def _stability(self, batch: RetrievalBatch, embedded: tuple[Tensor, ...]) -> Tensor:
         """Mean 1 - cosine between the student's embeddings of the step's rows (users, positives, uniform corpus
-        items: already computed for retrieval) and the anchor's of the same rows, on the full view."""
+        items: already computed for retrieval; the served user rows drawn for the term) and the anchor's of the
+        same rows, on the full view."""
         assert self.anchor is not None
-        rows = (batch.users, batch.items, batch.negatives)
+        rows: tuple[TokenBatch, ...] = (batch.users, batch.items, batch.negatives)
+        if batch.anchor_users is not None and batch.anchor_users.batch_size:
+            rows += (batch.anchor_users,)
+            embedded += (self.student(batch.anchor_users),)
         with torch.no_grad():
             anchored = [self.anchor(r) for r in rows if r.batch_size]
         student = [e for r, e in zip(rows, embedded, strict=True) if r.batch_size]

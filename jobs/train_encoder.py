@@ -1105,6 +1105,10 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         cfg.seed,
         content=content,
         start_step=trainer.step,
+        # The stability term's served user rows (a quarter of the batch's pairs): they hold the idle users too,
+        # whose rows no pair trains. On Taobao 2017-12-03 they lifted unchanged users' median cosine to yesterday
+        # from 0.894 to 0.958 and their level-0 tokens kept from 0.577 to 0.923.
+        anchor_users=cfg.batch_size // 4 if trainer.anchor is not None else 0,
     )
     fit_logged(trainer, loader, run_dir, Progress(version, steps, trainer.step, cfg.progress), selection)
     trainer.restore_best()

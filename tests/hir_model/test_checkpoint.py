@@ -6,13 +6,15 @@ import pickle
 from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from hir_model.checkpoint import load_model, load_weights, read_metrics, write_model_dir
 from hir_model.config import ModelConfig, TrainConfig
+from hir_model.pairs import PairBatches, make_next_period_pairs
 from hir_model.quantiser import ResidualQuantiser
-from hir_model.synthetic import make_synthetic, synthetic_batches
+from hir_model.synthetic import make_synthetic, synthetic_batches, synthetic_rows
 from hir_model.trainer import Trainer
 
 TRAIN = TrainConfig(lr=2e-3, steps=6, batch_size=32, warmup_steps=2, seed=11)
@@ -181,3 +183,29 @@ def test_the_stability_term_holds_a_warm_started_model_near_the_one_it_continues
     assert max(m["stability"] for m in held_trainer.history) > 0.0
     with pytest.raises(ValueError, match="stability_weight"):
         ModelConfig.from_dict({**tiny_config.to_dict(), "stability_weight": -1.0})
+
+
+def test_served_user_rows_in_the_stability_term_hold_the_idle_users_that_no_pair_trains(
+    tmp_path: Path, tiny_config: ModelConfig, data
+) -> None:
+    yesterday = yesterdays_model(tmp_path / "yesterday", tiny_config, data)
+    inputs, served = synthetic_rows(data)
+    users = data.users.node_id[:, 0].numpy()
+    active = users[: len(users) // 4]  # today only a quarter of the users convert; the rest are idle
+    per_user = data.user_conversions.shape[1]
+    items = data.items.node_id[data.user_conversions[: len(active)].reshape(-1), 0].numpy()
+    pairs = make_next_period_pairs(inputs, served, np.repeat(active, per_user), items, np.ones(len(items)))
+    idle = torch.from_numpy(~np.isin(users, active))
+    before = yesterday.embed(data.users)[idle]
+    config = ModelConfig.from_dict({**tiny_config.to_dict(), "stability_weight": 10.0})
+    eager = TrainConfig(lr=1e-2, steps=8, batch_size=16, warmup_steps=1, seed=12)
+
+    def idle_cosine(anchor_users: int) -> float:
+        trainer = Trainer(config, eager, device="cpu")
+        trainer.warm_start(tmp_path / "yesterday")
+        trainer.fit(PairBatches(inputs, served, pairs, 16, 16, 8, seed=3, anchor_users=anchor_users))
+        return float(torch.nn.functional.cosine_similarity(trainer.embed(data.users)[idle], before).mean())
+
+    without, held = idle_cosine(0), idle_cosine(32)
+    assert without < 0.98  # the idle users drift with the network although their rows did not change
+    assert held > without + 0.15 * (1.0 - without)  # holding their served rows takes back part of it

@@ -185,3 +185,47 @@ def test_validation_recall_counts_weighted_hits_in_the_top_k() -> None:
 
     expected = (nll(1, 10) + 3 * nll(1, 12) + 5 * nll(2, 11)) / 9
     assert top1["loss"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_warm_batches_draw_served_user_rows_for_the_stability_term_seeded_by_the_step() -> None:
+    # The day's rows with users: user 1 active (a pair), users 2 and 4 idle (no pair), plus SERVED's items.
+    served = rows_of(
+        {
+            10: ("item", [(1, "user", "item_viewed_by_user", 1, 0)]),
+            11: ("item", [(2, "user", "item_viewed_by_user", 1, 0)]),
+            1: ("user", [(10, "item", "user_view_item", 1, 0)]),
+            2: ("user", [(11, "item", "user_view_item", 1, 0)]),
+            4: ("user", [(10, "item", "user_view_item", 1, 0)]),
+        }
+    )
+    pairs = make_next_period_pairs(INPUTS, served, np.array([1, 2]), np.array([10, 11]), np.ones(2))
+    cold = list(PairBatches(INPUTS, served, pairs, batch_size=2, negatives=1, steps=3, seed=4))
+    assert all(b.anchor_users is None for b in cold)  # no anchor: no rows drawn, no cost
+    warm = list(
+        PairBatches(INPUTS, served, pairs, batch_size=2, negatives=1, steps=3, seed=4, anchor_users=2)
+    )
+    drawn = [sorted(b.anchor_users.node_id[:, 0].tolist()) for b in warm]
+    assert all(len(d) == 2 and set(d) <= {1, 2, 4} for d in drawn)  # served user rows only, never an item
+    assert {4} & set().union(*map(set, drawn))  # an idle user (no pair) gets held too
+    # The served row, not the input row: user 2's drawn row holds its day's item 11 (its input row holds 11 and 12).
+    for b in warm:
+        for r, node in enumerate(b.anchor_users.node_id[:, 0].tolist()):
+            assert (
+                b.anchor_users.node_id[r][b.anchor_users.is_real[r]].tolist()[1:]
+                == {1: [10], 2: [11], 4: [10]}[node]
+            )
+    # The same negatives as a cold run (the draws do not shift), and resumes draw the same users.
+    assert all(torch.equal(a.negatives.node_id, b.negatives.node_id) for a, b in zip(cold, warm, strict=True))
+    tail = list(
+        PairBatches(
+            INPUTS, served, pairs, batch_size=2, negatives=1, steps=3, seed=4, anchor_users=2, start_step=1
+        )
+    )
+    assert [sorted(b.anchor_users.node_id[:, 0].tolist()) for b in tail] == drawn[1:]
+    # More than the day has: all of them.
+    (every,) = list(
+        PairBatches(INPUTS, served, pairs, batch_size=2, negatives=1, steps=1, seed=4, anchor_users=9)
+    )
+    assert sorted(every.anchor_users.node_id[:, 0].tolist()) == [1, 2, 4]
+    with pytest.raises(ValueError, match="anchor_users"):
+        PairBatches(INPUTS, served, pairs, batch_size=2, negatives=1, steps=1, seed=4, anchor_users=-1)
