@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,32 @@ def pytest_collection_modifyitems(config, items) -> None:
     running a cluster test alone at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: keeps the order within each group
+
+
+# Seconds and files per pytest-xdist worker, summed on the controller from the reports the workers send back.
+_WORKER_SECONDS: dict[str, float] = defaultdict(float)
+_WORKER_FILES: dict[str, list[str]] = defaultdict(list)
+
+
+def pytest_runtest_logreport(report) -> None:
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    if worker is None:  # not under xdist, or inside a worker
+        return
+    _WORKER_SECONDS[worker.id] += report.duration
+    file = report.nodeid.split("::")[0]
+    if file not in _WORKER_FILES[worker.id]:
+        _WORKER_FILES[worker.id].append(file)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """How busy each worker was, and with which files in which order: `make test`'s wall time is the busiest
+    worker's, so this says whether a slow run needs less work or a better order."""
+    if not _WORKER_SECONDS:
+        return
+    terminalreporter.section("seconds per worker")
+    for worker in sorted(_WORKER_SECONDS):
+        files = ", ".join(Path(f).stem.removeprefix("test_") for f in _WORKER_FILES[worker])
+        terminalreporter.write_line(f"{worker}: {_WORKER_SECONDS[worker]:.0f}s in tests: {files}")
 
 
 @pytest.fixture(scope="session")
