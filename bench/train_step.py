@@ -69,7 +69,7 @@ def main() -> None:
     train = TrainConfig(steps=steps, batch_size=args.batch_size, warmup_steps=1)
     widths = statistics.mean(b.users.max_tokens for b in batches)
 
-    def timed(step) -> float:
+    def timed(step, batches=batches) -> float:
         times = []
         for i, batch in enumerate(batches):
             started = time.perf_counter()
@@ -100,12 +100,12 @@ def main() -> None:
         warm.warm_start(Path(folder) / "yesterday")
     results["warm"] = timed(warm.train_step)
     anchor_users = args.batch_size // 4 if args.anchor_users is None else args.anchor_users
-    batches = list(
+    with_users = list(
         synthetic_batches(
             data, args.batch_size, steps, seed=0, negatives=args.negatives, anchor_users=anchor_users
         )
     )
-    results["warm+users"] = timed(warm.train_step)
+    results["warm+users"] = timed(warm.train_step, with_users)
 
     print(
         f"train step on CPU, {args.threads} threads: {args.batch_size} pairs + {args.negatives} negatives, "

@@ -116,9 +116,8 @@ class RetrievalBatch:
     in_batch_mask: Tensor  # (B, B) column j is one of row i's own positives
     negative_mask: Tensor  # (B, M)
     weights: Tensor  # (B,) stage weights
-    anchor_users: TokenBatch | None = (
-        None  # (U, L) served user rows drawn uniformly: the stability term's users
-    )
+    # (U, L) served user rows drawn uniformly: the stability term's users (warm starts only)
+    anchor_users: TokenBatch | None = None
 
     def to(self, device: torch.device | str) -> RetrievalBatch:
         return RetrievalBatch(
@@ -226,13 +225,19 @@ class PairBatches:
             index = step % per_epoch
             start = index * len(self.pairs) // per_epoch
             end = (index + 1) * len(self.pairs) // per_epoch
-            rng = np.random.default_rng([self.seed, 1, step])
-            negative_rows = np.sort(rng.choice(self.corpus, self.negatives, replace=False))
-            anchor_rows = None
-            if self.anchor_users:
-                anchor_rng = np.random.default_rng([self.seed, 3, step])
-                anchor_rows = np.sort(anchor_rng.choice(self.user_corpus, self.anchor_users, replace=False))
+            negative_rows = self._draw(self.corpus, self.negatives, stream=1, step=step)
+            anchor_rows = (
+                self._draw(self.user_corpus, self.anchor_users, stream=3, step=step)
+                if self.anchor_users
+                else None
+            )
             yield self.batch(order[start:end], negative_rows, anchor_rows)
+
+    def _draw(self, corpus: np.ndarray, count: int, stream: int, step: int) -> np.ndarray:
+        """`count` rows of `corpus` uniformly without replacement, sorted; seeded by (seed, stream, step) so each
+        kind of draw is its own stream and a resumed run draws what an uninterrupted one did."""
+        rng = np.random.default_rng([self.seed, stream, step])
+        return np.sort(rng.choice(corpus, count, replace=False))
 
     def __len__(self) -> int:
         return max(self.steps - self.start_step, 0)
