@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hir_model.data import NeighbourhoodRows
-from hir_model.pairs import PairBatches, make_next_period_pairs, mask_node
+from hir_model.pairs import NextPeriodPairs, PairBatches, make_next_period_pairs, mask_node
 from hir_model.selection import Validation
 from schemas.codes import EDGE_TYPES, NODE_TYPES
 
@@ -141,18 +141,38 @@ def test_batches_cover_every_pair_once_per_epoch_and_resume_exactly() -> None:
     )
 
 
+def pairs_of_users(users: range) -> NextPeriodPairs:
+    """Two pairs per user u (items 100000 + u and the next user's): every user has an input row with history."""
+    ids = list(users)
+    rows = rows_of({u: ("user", [(100000 + u, "item", "user_view_item", 1, 0)]) for u in ids})
+    served = rows_of({100000 + u: ("item", []) for u in ids})
+    items = 100000 + np.array([[u, ids[(i + 1) % len(ids)]] for i, u in enumerate(ids)]).ravel()
+    return make_next_period_pairs(rows, served, np.repeat(ids, 2), items, np.ones(2 * len(ids)))
+
+
 def test_users_split_into_disjoint_training_and_validation_sets() -> None:
-    n = 40
-    rows = rows_of({u: ("user", [(100 + u, "item", "user_view_item", 1, 0)]) for u in range(1, n + 1)})
-    served = rows_of({100 + u: ("item", []) for u in range(1, n + 1)})
-    users = np.repeat(np.arange(1, n + 1), 2)
-    items = 100 + np.concatenate([[u, u % n + 1] for u in range(1, n + 1)])
-    pairs = make_next_period_pairs(rows, served, users, items, np.ones(2 * n))
+    pairs = pairs_of_users(range(1, 401))
     train, validation = pairs.split_users(0.1, seed=0)
     assert len(set(train.user_id) & set(validation.user_id)) == 0
-    assert len(set(validation.user_id)) == 4 and len(train) + len(validation) == len(pairs)
-    assert pairs.split_users(0.1, seed=1)[1].user_id.tolist() != validation.user_id.tolist()
+    assert len(train) + len(validation) == len(pairs)
+    held = set(validation.user_id.tolist())
+    assert 20 <= len(held) <= 60  # about a tenth of 400 (binomial sd 6)
+    assert all((validation.user_id == u).sum() == 2 for u in held)  # a user's pairs go together
+    assert set(pairs.split_users(0.1, seed=1)[1].user_id.tolist()) != held
     assert len(pairs.split_users(0.0, seed=0)[1]) == 0
+    # Under ten users: nothing held out; ten or more: at least one, however small the share.
+    assert len(pairs_of_users(range(1, 10)).split_users(0.5, seed=0)[1]) == 0
+    assert len(set(pairs_of_users(range(1, 11)).split_users(0.001, seed=0)[1].user_id)) == 1
+
+
+def test_a_user_held_out_one_day_is_held_out_every_day() -> None:
+    # Consecutive days share most users: a warm start's validation users must not be users it trained on
+    # yesterday. Day 1 has users 1-300, day 2 users 101-400.
+    day1 = set(pairs_of_users(range(1, 301)).split_users(0.1, seed=3)[1].user_id.tolist())
+    day2 = set(pairs_of_users(range(101, 401)).split_users(0.1, seed=3)[1].user_id.tolist())
+    shared = set(range(101, 301))
+    assert day1 & shared == day2 & shared
+    assert len(day1 & shared) >= 5  # the check compares real held-out users
 
 
 def test_mask_node_drops_the_token_and_its_subtree_only() -> None:
