@@ -16,7 +16,8 @@ Then the out-of-time comparison, paired over users: day d's published embeddings
 day d for the users with a cart or purchase on day d + 1 (exact inner product, the events table's next day as
 targets, restricted to items embedded on day d); Recall@50 and NDCG@50 per user of warm and cold, and the paired
 bootstrap difference warm - cold with its 95% CI, per day and pooled over the days, on slice `all` and on
-`new_interest` (targets the user had no event with up to day d). The targets come after everything either model
+`new_interest` (targets the user had no event with up to day d) and `repeat` (the others). `--stages view` scores
+the next day's views instead of its carts and purchases. The targets come after everything either model
 saw, and both runs are scored on the same users and targets, so the difference is the warm start's alone.
 
 Reads the warehouses' lineage records and tables without Spark (deltalake).
@@ -36,6 +37,7 @@ from deltalake import DeltaTable
 from jobs.eval.metrics import paired_bootstrap_diff, per_user_metrics
 from jobs.eval.split import DEEP_STAGES
 from jobs.index.build import exact_top_k
+from schemas.codes import FUNNEL_STAGES
 
 K = 50
 
@@ -78,13 +80,15 @@ def day_embeddings(warehouse: Path, ds: dt.date) -> dict[str, pd.DataFrame]:
     return {t: frame[frame["entity_type"] == t].set_index("raw_id") for t in ("user", "item")}
 
 
-def next_day_targets(warehouse: Path, ds: dt.date) -> tuple[dict[str, set], dict[str, set]]:
-    """(user -> items carted or purchased on ds + 1, user -> items the user had any event with up to ds)."""
+def next_day_targets(
+    warehouse: Path, ds: dt.date, stages: tuple[str, ...] = DEEP_STAGES
+) -> tuple[dict[str, set], dict[str, set]]:
+    """(user -> items with an event of `stages` on ds + 1, user -> items the user had any event with up to ds)."""
     events = DeltaTable(str(warehouse / "events")).to_pandas(
         columns=["user_id", "item_id", "funnel_stage", "ds"],
         filters=[("ds", "<=", ds + dt.timedelta(days=1))],
     )
-    later = events[(events["ds"] == ds + dt.timedelta(days=1)) & events["funnel_stage"].isin(DEEP_STAGES)]
+    later = events[(events["ds"] == ds + dt.timedelta(days=1)) & events["funnel_stage"].isin(stages)]
     seen = events[events["ds"] <= ds]
     targets = later.groupby("user_id")["item_id"].agg(set).to_dict()
     history = seen.groupby("user_id")["item_id"].agg(set).to_dict()
@@ -104,10 +108,10 @@ def ranked_items(users: pd.DataFrame, items: pd.DataFrame, user_ids: list[str]) 
 
 
 def next_day_scores(
-    warm: Path, cold: Path, ds: dt.date
+    warm: Path, cold: Path, ds: dt.date, stages: tuple[str, ...] = DEEP_STAGES
 ) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """slice -> metric -> (warm values, cold values), one per user of the slice, in the same user order."""
-    targets, history = next_day_targets(warm, ds)
+    targets, history = next_day_targets(warm, ds, stages)
     runs = [day_embeddings(warm, ds), day_embeddings(cold, ds)]
     known_items = set(runs[0]["item"].index) & set(runs[1]["item"].index)
     known_users = set(runs[0]["user"].index) & set(runs[1]["user"].index)
@@ -115,6 +119,9 @@ def next_day_scores(
         "all": {u: t & known_items for u, t in targets.items() if u in known_users},
         "new_interest": {
             u: (t - history.get(u, set())) & known_items for u, t in targets.items() if u in known_users
+        },
+        "repeat": {
+            u: t & history.get(u, set()) & known_items for u, t in targets.items() if u in known_users
         },
     }
     slices = {name: {u: t for u, t in slice_targets.items() if t} for name, slice_targets in slices.items()}
@@ -133,15 +140,15 @@ def next_day_scores(
     return out
 
 
-def print_next_day(warm: Path, cold: Path, days: list[str]) -> None:
+def print_next_day(warm: Path, cold: Path, days: list[str], stages: tuple[str, ...] = DEEP_STAGES) -> None:
     """Per day and pooled over the days (user-days: a user of several days counts once per day)."""
     print(
-        f"\nnext day's carts and purchases ranked by day d's embeddings: Recall@{K} / NDCG@{K}, warm - cold [95% CI]"
+        f"\nnext day's {', '.join(stages)} ranked by day d's embeddings: Recall@{K} / NDCG@{K}, warm - cold [95% CI]"
     )
     pooled: dict[tuple[str, str], list[list[np.ndarray]]] = {}
     for day in days:
         ds = dt.date.fromisoformat(day)
-        for name, metrics in next_day_scores(warm, cold, ds).items():
+        for name, metrics in next_day_scores(warm, cold, ds, stages).items():
             cells = []
             for metric, (a, b) in metrics.items():
                 pooled.setdefault((name, metric), [[], []])
@@ -169,7 +176,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("warm", type=Path, help="warehouse of the warm-started backfill")
     p.add_argument("cold", type=Path, help="warehouse of the cold-started backfill of the same days")
+    p.add_argument(
+        "--stages",
+        default=",".join(DEEP_STAGES),
+        help="funnel stages of the next day's events that count as targets (default: %(default)s; e.g. view, to "
+        "see whether a model that loses on the deep stages wins on the plentiful ones)",
+    )
     args = p.parse_args()
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+    if not stages or not set(stages) <= set(FUNNEL_STAGES):
+        p.error(f"--stages: choose from {', '.join(FUNNEL_STAGES)}")
     warm, cold = train_days(args.warm), train_days(args.cold)
     print("day         train s warm / cold (ratio)   steps warm / cold   val recall@50 warm / cold")
     totals = [0.0, 0.0]
@@ -197,7 +213,7 @@ def main() -> None:
             f"level-0 {_f(w.get('level0_kept'))} / {_f(c.get('level0_kept'))}  "
             f"overlap {_f(w.get('overlap_at_10'))} / {_f(c.get('overlap_at_10'))}"
         )
-    print_next_day(args.warm, args.cold, sorted(set(warm) & set(cold)))
+    print_next_day(args.warm, args.cold, sorted(set(warm) & set(cold)), stages)
 
 
 if __name__ == "__main__":
