@@ -1,11 +1,12 @@
 """Model selection on the training data itself: the stopping epoch is chosen on held-out users' next-period
 engagements, never on an evaluation's targets.
 
-The validation users (a seeded share, user-disjoint from training: NextPeriodPairs.split_users) are embedded from
+The validation users (a seeded hash's share, user-disjoint from training: NextPeriodPairs.split_users) are embedded from
 their input rows and every corpus item from its served row. Two scores, both weighted by the pairs' stage weights
 (a validated cart counts as much in selection as in the loss):
 
-* recall@k of the users' top-k corpus items: what selects the epoch (what the evaluation measures);
+* recall@k of the users' top-k corpus items, per user and then averaged over the users: what selects the epoch
+  (what the evaluation measures, and how it averages);
 * the loss: the softmax cross-entropy of each next-period item over the **whole** corpus, reported beside it. It
   is smoother, but it rises while recall still improves (the model grows confident on near misses): selecting on
   it stopped Taobao after one epoch, at a third of the recall.
@@ -53,7 +54,7 @@ class Validation:
     def score(
         self, embed: Callable[[TokenBatch], Tensor], temperature: float, content: ContentTable | None = None
     ) -> dict[str, float]:
-        """{"loss": weighted full-corpus cross-entropy at `temperature`, "recall": weighted recall@k}."""
+        """{"loss": weighted full-corpus cross-entropy at `temperature`, "recall": mean over users of weighted recall@k}."""
         corpus = np.flatnonzero(self.served.node_type == "item")
         users, user_of_pair = np.unique(self.pairs.user_row, return_inverse=True)
         user_emb = embed_rows(embed, self.inputs, users, content)
@@ -66,7 +67,11 @@ class Validation:
         log_probs = torch.log_softmax(scores / temperature, dim=1)
         nll = -log_probs[torch.from_numpy(user_of_pair), torch.from_numpy(position)].double().numpy()
         weights = self.pairs.weight.astype(np.float64)
+        # Recall per user (its weighted share of engagements found), then the mean over users, as the evaluation
+        # averages: pooled over pairs, the heaviest users' many views would decide the epoch alone.
+        found = np.bincount(user_of_pair, weights=hit * weights, minlength=len(users))
+        total = np.bincount(user_of_pair, weights=weights, minlength=len(users))
         return {
             "loss": float((nll * weights).sum() / weights.sum()),
-            "recall": float((hit * weights).sum() / weights.sum()),
+            "recall": float((found / total).mean()),
         }

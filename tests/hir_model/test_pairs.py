@@ -194,7 +194,8 @@ def test_validation_recall_counts_weighted_hits_in_the_top_k() -> None:
         return torch.tensor([place[int(i)] for i in batch.node_id[:, 0]])
 
     top1 = Validation(INPUTS, SERVED, pairs, k=1).score(embed, temperature=1.0)
-    assert top1["recall"] == 1.0 / 9.0
+    # Per user, then averaged: user 1 finds weight 1 of its 4, user 2 none of its 5 (pooled it would be 1/9).
+    assert top1["recall"] == (1.0 / 4.0 + 0.0) / 2
     # k = the corpus: every engagement is found.
     assert Validation(INPUTS, SERVED, pairs, k=4).score(embed, temperature=1.0)["recall"] == 1.0
 
