@@ -11,10 +11,10 @@ stage `weight` stands for. The two ends come from two sets of neighbourhood rows
   an input.
 
 A batch holds B pairs and M items drawn uniformly from the corpus (every served item row), with the logQ of each
-candidate and the masks of each row's own positives. Warm starts add U served user rows drawn uniformly (`anchor_users`):
-the stability term's users. The pairs' users are input rows of active users only; an idle user's served row, the one a
-ranker reads tomorrow, would otherwise never be held. Batch k of a run is a pure function of (rows, pairs, seed,
-k): reruns and `--resume` give the same batches.
+candidate and the masks of each row's own positives. Warm starts add U served user rows drawn uniformly
+(`anchor_users`): the stability term's users. The pairs' users are input rows of active users only; an idle user's
+served row, the one a ranker reads tomorrow, would otherwise never be held. Batch k of a run is a pure function of
+(rows, pairs, seed, k): reruns and `--resume` give the same batches.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Model selection on the training data itself: the stopping epoch is chosen on held-out users' next-period
 engagements, never on an evaluation's targets.
 
-The validation users (a seeded hash's share, user-disjoint from training: NextPeriodPairs.split_users) are embedded from
-their input rows and every corpus item from its served row. Two scores, both weighted by the pairs' stage weights
-(a validated cart counts as much in selection as in the loss):
+The validation users (a seeded hash's share, user-disjoint from training: NextPeriodPairs.split_users) are
+embedded from their input rows and every corpus item from its served row. Two scores, both weighted by the pairs'
+stage weights (a validated cart counts as much in selection as in the loss):
 
 * recall@k of the users' top-k corpus items, per user and then averaged over the users: what selects the epoch
   (what the evaluation measures, and how it averages);
@@ -54,7 +54,8 @@ class Validation:
     def score(
         self, embed: Callable[[TokenBatch], Tensor], temperature: float, content: ContentTable | None = None
     ) -> dict[str, float]:
-        """{"loss": weighted full-corpus cross-entropy at `temperature`, "recall": mean over users of weighted recall@k}."""
+        """{"loss": weighted full-corpus cross-entropy at `temperature`,
+        "recall": the mean over users of each user's weighted recall@k}."""
         corpus = np.flatnonzero(self.served.node_type == "item")
         users, user_of_pair = np.unique(self.pairs.user_row, return_inverse=True)
         user_emb = embed_rows(embed, self.inputs, users, content)
