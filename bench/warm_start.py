@@ -8,9 +8,9 @@ days, one warm-starting each day from the day before (`hir pipeline`'s default),
     .venv/bin/python bench/warm_start.py /tmp/warm /tmp/cold
 
 Per day: the train stage's seconds and steps (ratio warm / cold), the best validation recall@50 on the day's
-held-out users (the same users in both runs: same data, same seed), and, per entity type, the drift figures among
-the entities whose neighbourhood did not change (median cosine to the previous day, level-0 token kept,
-overlap@10).
+held-out end of the next period (the same engagements in both runs: same data, same settings), and, per entity
+type, the drift figures among the entities whose neighbourhood did not change (median cosine to the previous day,
+level-0 token kept, overlap@10).
 
 Then the out-of-time comparison, paired over users: day d's published embeddings of each run rank every item of
 day d for the users with a cart or purchase on day d + 1 (exact inner product, the events table's next day as

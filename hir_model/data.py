@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from hir_model.batch import TOKEN_COLUMNS, ContentTable, TokenBatch, batch_from_columns
+from schemas.codes import NODE_TYPES
 
 # Columns of schemas.tables.NEIGHBOURHOODS the model reads (the partition column ds is not in the files).
 NEIGHBOURHOOD_COLUMNS: tuple[str, ...] = ("node_id", "node_type", "num_tokens", *TOKEN_COLUMNS)
@@ -237,6 +238,36 @@ class NeighbourhoodRows:
         pos = np.searchsorted(self.node_id, node_ids).clip(max=len(self) - 1)
         return np.where(self.node_id[pos] == node_ids, pos, -1)
 
+    def take(self, rows: np.ndarray) -> NeighbourhoodRows:
+        """Rows `rows` (in node id order)."""
+        return NeighbourhoodRows.from_columns(
+            {"node_id": self.node_id[rows], "node_type": self.node_type[rows]}
+            | {c: v[rows] for c, v in self.columns.items()}
+        )
+
+    def without_users(self) -> NeighbourhoodRows:
+        """Every row without its user tokens past the target and the tokens under them: an item as it stood
+        before anyone engaged with it (its category, brand and content stay)."""
+        hop, parent = self.columns["token_hop"], self.columns["token_parent_pos"]
+        real = np.arange(self.max_tokens)[None, :] < self.columns["num_tokens"][:, None]
+        dropped = real & (self.columns["token_node_type"] == NODE_TYPES["user"]) & (hop > 0)
+        for _ in range(int(hop.max(initial=0))):  # a token under a dropped one goes too, down every hop
+            dropped |= (parent >= 0) & np.take_along_axis(dropped, np.maximum(parent, 0), axis=1)
+        kept = keep_tokens(self.columns, real & ~dropped)
+        return NeighbourhoodRows.from_columns({"node_id": self.node_id, "node_type": self.node_type} | kept)
+
+    @classmethod
+    def concat(cls, parts: Sequence[NeighbourhoodRows]) -> NeighbourhoodRows:
+        """One set of rows from several of the same width, with no node in two of them."""
+        widths = {p.max_tokens for p in parts if len(p)}
+        if len(widths) > 1:
+            raise ValueError(f"neighbourhood rows of different widths {sorted(widths)} cannot be joined")
+        columns = {"node_id": np.concatenate([p.node_id for p in parts])}
+        columns["node_type"] = np.concatenate([p.node_type for p in parts])
+        for c in parts[0].columns:
+            columns[c] = np.concatenate([p.columns[c] for p in parts if len(p)] or [parts[0].columns[c]])
+        return cls.from_columns(columns)
+
     def batch(self, rows: np.ndarray, content: ContentTable | None = None) -> TokenBatch:
         """Rows `rows` as a TokenBatch cut to the longest of them: the positions after every row's last token are
         padding for all of them (the attention ignores padding), and a Taobao item averages 6 of its 64."""
@@ -246,6 +277,20 @@ class NeighbourhoodRows:
             {c: v[rows] if v.ndim == 1 else v[rows, :width] for c, v in self.columns.items()}
         )
         return content.attach(batch) if content is not None else batch
+
+
+def keep_tokens(columns: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    """The token columns with only the `keep` (N, L) tokens, moved to the front, parents renumbered."""
+    new_pos = np.cumsum(keep, axis=1) - 1  # (N, L): where each kept token lands
+    parent = columns["token_parent_pos"]
+    columns = dict(columns)
+    columns["token_parent_pos"] = np.where(
+        parent >= 0, np.take_along_axis(new_pos, np.maximum(parent, 0), axis=1), -1
+    ).astype(parent.dtype)
+    order = np.argsort(~keep, axis=1, kind="stable")  # kept tokens first, in their order
+    out = {c: np.take_along_axis(v, order, axis=1) for c, v in columns.items() if v.ndim == 2}
+    out["num_tokens"] = keep.sum(axis=1).astype(np.int32)
+    return out
 
 
 def read_neighbourhoods(reader: RowReader, files: Sequence[str]) -> NeighbourhoodRows:

@@ -1,9 +1,10 @@
-"""Model selection on the training data itself: the stopping epoch is chosen on held-out users' next-period
-engagements, never on an evaluation's targets.
+"""Model selection on the training data itself: the stopping epoch is chosen on the engagements at the end of the
+next period, held out by time (jobs.train.next_period), never on an evaluation's targets.
 
-The validation users (a seeded hash's share, user-disjoint from training: NextPeriodPairs.split_users) are
-embedded from their input rows and every corpus item from its served row. Two scores, both weighted by the pairs'
-stage weights (a validated cart counts as much in selection as in the loss):
+The users and every corpus item are embedded from their rows sampled from the events before the validation
+cut-off: the graph as it stood before the engagements to predict, the view the training pairs have of theirs.
+Two scores, both weighted by the pairs' stage weights (a validated cart counts as much in selection as in the
+loss):
 
 * recall@k of the users' top-k corpus items, per user and then averaged over the users: what selects the epoch
   (what the evaluation measures, and how it averages);
@@ -44,10 +45,9 @@ def embed_rows(
 
 @dataclass(frozen=True)
 class Validation:
-    """Held-out users' next-period items, scored against the whole corpus."""
+    """Held-out engagements, each scored against the whole corpus for its user; both ends rows of `rows`."""
 
-    inputs: NeighbourhoodRows
-    served: NeighbourhoodRows
+    rows: NeighbourhoodRows
     pairs: NextPeriodPairs
     k: int = 50
 
@@ -56,13 +56,13 @@ class Validation:
     ) -> dict[str, float]:
         """{"loss": weighted full-corpus cross-entropy at `temperature`,
         "recall": the mean over users of each user's weighted recall@k}."""
-        corpus = np.flatnonzero(self.served.node_type == "item")
+        corpus = np.flatnonzero(self.rows.node_type == "item")
         users, user_of_pair = np.unique(self.pairs.user_row, return_inverse=True)
-        user_emb = embed_rows(embed, self.inputs, users, content)
-        item_emb = embed_rows(embed, self.served, corpus, content)
+        user_emb = embed_rows(embed, self.rows, users, content)
+        item_emb = embed_rows(embed, self.rows, corpus, content)
         scores = user_emb @ item_emb.T  # (U, N)
         k = min(self.k, len(corpus))
-        top_rows = corpus[torch.topk(scores, k, dim=1).indices.numpy()]  # (U, k) served rows
+        top_rows = corpus[torch.topk(scores, k, dim=1).indices.numpy()]  # (U, k) rows
         hit = (top_rows[user_of_pair] == self.pairs.item_row[:, None]).any(axis=1)
         position = np.searchsorted(corpus, self.pairs.item_row)  # corpus column of each pair's item
         log_probs = torch.log_softmax(scores / temperature, dim=1)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from hir_model.batch import TokenBatch, batch_from_columns
-from hir_model.data import NeighbourhoodRows
+from hir_model.data import NeighbourhoodRows, keep_tokens
 from hir_model.pairs import PairBatches, make_next_period_pairs
 from schemas.codes import EDGE_TYPES, NODE_TYPES
 
@@ -238,23 +238,9 @@ def make_synthetic(
     )
 
 
-def _keep_tokens(columns: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
-    """The token columns with only the `keep` (N, L) tokens, moved to the front, parents renumbered."""
-    new_pos = np.cumsum(keep, axis=1) - 1  # (N, L): where each kept token lands
-    parent = columns["token_parent_pos"]
-    columns = dict(columns)
-    columns["token_parent_pos"] = np.where(
-        parent >= 0, np.take_along_axis(new_pos, np.maximum(parent, 0), axis=1), -1
-    ).astype(parent.dtype)
-    order = np.argsort(~keep, axis=1, kind="stable")  # kept tokens first, in their order
-    out = {c: np.take_along_axis(v, order, axis=1) for c, v in columns.items() if v.ndim == 2}
-    out["num_tokens"] = keep.sum(axis=1).astype(np.int32)
-    return out
-
-
 def synthetic_rows(data: SyntheticNeighbourhoods) -> tuple[NeighbourhoodRows, NeighbourhoodRows]:
-    """(input rows, served rows) of the next-period objective: the users' rows without their conversions (the
-    past: views, and the categories under them), and every user and item row as served."""
+    """(input rows, served rows) of the next-period objective: every user and item row without the conversions
+    (the past: views, and the tokens under them), and every user and item row as served."""
 
     def with_ids(columns: dict[str, np.ndarray], node_type: str) -> dict[str, np.ndarray]:
         n = len(columns["token_node_id"])
@@ -266,20 +252,20 @@ def synthetic_rows(data: SyntheticNeighbourhoods) -> tuple[NeighbourhoodRows, Ne
             "node_type": np.array([node_type] * n, dtype=object),
         }
 
+    def past(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        real = columns["token_node_type"] != 0
+        deep_hop1 = columns["token_is_deep"] & (columns["token_hop"] == 1)
+        under_deep = (columns["token_hop"] == 2) & np.take_along_axis(
+            deep_hop1, np.maximum(columns["token_parent_pos"], 0), axis=1
+        )
+        return keep_tokens(columns, real & ~deep_hop1 & ~under_deep)
+
+    def rows(users: dict[str, np.ndarray], items: dict[str, np.ndarray]) -> NeighbourhoodRows:
+        users, items = with_ids(users, "user"), with_ids(items, "item")
+        return NeighbourhoodRows.from_columns({c: np.concatenate([users[c], items[c]]) for c in users})
+
     users, items = data.user_columns, data.item_columns
-    real = users["token_node_type"] != 0
-    deep_hop1 = users["token_is_deep"] & (users["token_hop"] == 1)
-    under_deep = (users["token_hop"] == 2) & np.take_along_axis(
-        deep_hop1, np.maximum(users["token_parent_pos"], 0), axis=1
-    )
-    inputs = NeighbourhoodRows.from_columns(
-        with_ids(_keep_tokens(users, real & ~deep_hop1 & ~under_deep), "user")
-    )
-    served_users, served_items = with_ids(users, "user"), with_ids(items, "item")
-    served = NeighbourhoodRows.from_columns(
-        {c: np.concatenate([served_users[c], served_items[c]]) for c in served_users}
-    )
-    return inputs, served
+    return rows(past(users), past(items)), rows(users, items)
 
 
 def synthetic_batches(
@@ -295,7 +281,7 @@ def synthetic_batches(
     inputs, served = synthetic_rows(data)
     users = np.repeat(data.users.node_id[:, 0].numpy(), data.user_conversions.shape[1])
     items = data.items.node_id[data.user_conversions.reshape(-1), 0].numpy()
-    pairs = make_next_period_pairs(inputs, served, users, items, np.full(len(users), STAGE_WEIGHT["cart"]))
+    pairs = make_next_period_pairs(inputs, users, items, np.full(len(users), STAGE_WEIGHT["cart"]))
     negatives = batch_size if negatives is None else negatives
     return PairBatches(inputs, served, pairs, batch_size, negatives, steps, seed, anchor_users=anchor_users)
 

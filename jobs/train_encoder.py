@@ -13,13 +13,14 @@ exists). Spark only resolves the snapshot to its exact Parquet files (refusing t
 raw Parquet reads would undo) and collects the positives; the rows reach PyTorch through petastorm
 (`--loader petastorm`, default) or pyarrow (`--loader pyarrow`), which give identical batches (hir_model.data).
 
-Training: every conversion pair (user, converted item) trains the in-batch retrieval objective with popularity
-correction, and every entity of the day (users without conversions, items, categories, advertisers included)
-trains the cross-view distillation. A stderr progress line, a JSON-lines metrics log in the run folder
+Training: every next-period engagement (user, item) after a training cut-off trains the retrieval objective (mixed
+negatives, logQ correction) on the graph as it stood before the cut-off (jobs.train.next_period, hir_model.pairs);
+the end of that period, held out by time, chooses the stopping epoch (hir_model.selection); the cross-view
+distillation regularises the same rows. A stderr progress line, a JSON-lines metrics log in the run folder
 (`<model-dir>/.runs/<version>/metrics.jsonl`), checkpoints every --checkpoint-every steps there, and `--resume`
 continuing the last checkpoint exactly. After training the residual quantiser (BoM codebooks) is fitted on the
-teacher embeddings of the day's entities; its usage/entropy/collision metrics and the purity of the items'
-level-0 codes against their categories go into the last line of metrics.jsonl (`"summary": true`).
+teacher embeddings of the day's entities; its usage/entropy/collision metrics and the purity of the items' level-0
+codes against their categories go into the last line of metrics.jsonl (`"summary": true`).
 
 Day to day: `--warm-start previous|<version>|<folder>` continues a model's networks, AdamW state and DINO centre
 for `--warm-epochs` (a quarter of --epochs by default), validating the continued model before the first step, and
@@ -65,7 +66,7 @@ from hir_model.data import (
     read_neighbourhoods,
     row_batches,
 )
-from hir_model.pairs import PairBatches, make_next_period_pairs
+from hir_model.pairs import PairBatches, make_next_period_pairs, training_view
 from hir_model.quantiser import ResidualQuantiser, continue_codebooks, purity, quantiser_report
 from hir_model.selection import Validation
 from hir_model.trainer import Trainer
@@ -126,7 +127,7 @@ class TrainJobConfig:
     steps: int | None = None  # default: epochs x batches per epoch
     epochs: int = 20  # at most; training stops earlier when the validation recall stops improving
     patience: int = 6  # epochs without a better validation recall@50 before stopping
-    validation_share: float = 0.1  # users held out of training to choose the stopping epoch
+    validation_share: float = 0.1  # the next period's last events, held out to choose the stopping epoch
     train_cutoff: dt.datetime | None = (
         None  # naive UTC; None: the last next_period_share of the window after it
     )
@@ -283,16 +284,16 @@ def build_parser() -> JobArgumentParser:
         "--patience",
         type=_positive,
         default=6,
-        help="Epochs without a better validation recall@50 (the held-out users' next-period items among their "
-        "top 50 of the whole corpus) before training stops (default 6: a few dozen validation users make the "
-        "recall noisy from epoch to epoch).",
+        help="Epochs without a better validation recall@50 (the held-out engagements among their users' top 50 "
+        "of the whole corpus) before training stops (default 6: validation recall is noisy from epoch to epoch).",
     )
     g.add_argument(
         "--validation-share",
         type=float,
         default=0.1,
-        help="Share of the users with next-period engagements held out to choose the stopping epoch (default "
-        "0.1; 0 trains every epoch and every user). Chosen on the day's own data, never on an evaluation's targets.",
+        help="Share of the next period's funnel events, at its end, held out by time to choose the stopping epoch "
+        "(default 0.1: every user's engagements after that validation cut-off, predicted from the user's rows "
+        "before it; 0 trains every epoch on the whole period). The day's own data, never an evaluation's targets.",
     )
     g.add_argument(
         "--train-cutoff",
@@ -655,6 +656,7 @@ def resolve_inputs(spark, cfg: TrainJobConfig) -> TrainingInputs:
         dict(cfg.positive_weights),
         SampleConfig(ds=cfg.ds),
         neighbourhoods_max_tokens(neighbourhoods),
+        cfg.validation_share,
     )
     content = None
     if cfg.use_content and (
@@ -1063,18 +1065,21 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     if len(rows) < 2:
         raise HirError(f"neighbourhoods for ds {cfg.ds} has {len(rows)} row; training needs at least 2")
     period = inputs.next_period
-    pairs = make_next_period_pairs(period.inputs, rows, period.user_ids, period.item_ids, period.weights)
+    view = training_view(period.inputs, rows)  # both ends and the negatives as they stood before the cut-off
+    pairs = make_next_period_pairs(view, period.user_ids, period.item_ids, period.weights)
     if len(pairs) < 2:
         raise HirError(
             f"only {len(pairs)} next-period engagements after the training cut-off {period.lineage['cutoff']} have "
             "a user with earlier history and an item of the day; move --train-cutoff earlier"
         )
-    train_pairs, validation_pairs = pairs.split_users(cfg.validation_share, cfg.seed)
-    validation = Validation(period.inputs, rows, validation_pairs) if len(validation_pairs) else None
-    # The pair layout (and so batches per epoch) does not depend on the step count, only on rows and pairs.
-    layout = PairBatches(
-        period.inputs, rows, train_pairs, cfg.batch_size, cfg.negatives, steps=0, seed=cfg.seed
+    held = period.validation
+    held_view = training_view(held.inputs, rows) if held else None
+    validation_pairs = (
+        make_next_period_pairs(held_view, held.user_ids, held.item_ids, held.weights) if held else None
     )
+    validation = Validation(held_view, validation_pairs) if validation_pairs else None
+    # The pair layout (and so batches per epoch) does not depend on the step count, only on rows and pairs.
+    layout = PairBatches(view, rows, pairs, cfg.batch_size, cfg.negatives, steps=0, seed=cfg.seed)
     steps = cfg.steps or cfg.budget_epochs * layout.batches_per_epoch
     model_config, train_config = build_configs(cfg, rows, content.content_dim if content else 0, steps)
 
@@ -1096,9 +1101,9 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     elif cfg.warm_start:
         trainer.anchor_to(cfg.warm_start)  # checkpoints do not hold the anchor; the continued version does
     loader = PairBatches(
-        period.inputs,
+        view,
         rows,
-        train_pairs,
+        pairs,
         cfg.batch_size,
         cfg.negatives,
         steps,
@@ -1143,9 +1148,9 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "warm_start": Path(cfg.warm_start).name if cfg.warm_start else None,
         "rows": len(rows),
         "rows_by_type": {t: int((rows.node_type == t).sum()) for t in sorted(set(rows.node_type.tolist()))},
-        "pairs": len(train_pairs),
-        "validation_pairs": len(validation_pairs),
-        "validation_users": int(len(np.unique(validation_pairs.user_id))),
+        "pairs": len(pairs),
+        "validation_pairs": len(validation_pairs) if validation_pairs else 0,
+        "validation_users": int(len(np.unique(validation_pairs.user_id))) if validation_pairs else 0,
         "pairs_missing_rows": pairs.missing,
         "pairs_by_weight": {
             str(w): int(n) for w, n in zip(*np.unique(pairs.weight, return_counts=True), strict=True)

@@ -3,9 +3,18 @@
 Inside the day's window (what the day's graph covers) a training cut-off splits the events in two:
 
 * before it: the **input graph**, built and sampled by the same code as the day's (jobs.build_graph,
-  jobs.sample_neighbourhoods) for users only, as of the cut-off's day;
+  jobs.sample_neighbourhoods) for users and items, as of the cut-off's day: both ends of every pair and every
+  negative are read from it (hir_model.pairs), as `embed` reads the day's graph;
 * from it to the end of the day: the **positives**, each distinct (user, item) engagement of any funnel stage
   with the loss weight of its deepest stage (default build_graph's: purchase 5, cart 3, favourite 2, view 1).
+
+The end of the positives' period is held out by time to choose the stopping epoch (hir_model.selection): a
+**validation cut-off** leaves the last `validation_share` of the period's funnel events after it; the positives
+before it train, those from it on validate, for every user, with the users' and items' rows sampled again from the
+events before it. That is the served case: a model trained on a user's recent engagements predicts the user's next
+ones from the user's whole history. (Users held out whole measured a model's reach to users it never trained on,
+not what it serves: on Taobao it ranked a warm start above a cold start that the next day's conversions ranked far
+above it, the cold start's lead being the trained users' repeats.)
 
 The default cut-off leaves the last `share` of the window's funnel events after it, so it works on logs that
 span days (Taobao: a day and a half of positives) and on logs of hours (REES46: cut inside the day). Only events
@@ -38,15 +47,30 @@ _KEEP = 4
 
 
 @dataclass(frozen=True)
+class HeldOut:
+    """The end of the next period, held out to choose the stopping epoch: engagements at or after `cutoff`, and
+    the users' and items' rows sampled from the events before it."""
+
+    cutoff: dt.datetime  # naive UTC
+    inputs: NeighbourhoodRows
+    user_ids: np.ndarray  # (V,) one per (user, item, stage)
+    item_ids: np.ndarray
+    weights: np.ndarray  # (V,) stage weight
+
+
+@dataclass(frozen=True)
 class NextPeriod:
     """What the trainer needs from Spark for the next-period objective."""
 
     cutoff: dt.datetime  # naive UTC instant: input events are before it, positives at or after it
-    inputs: NeighbourhoodRows  # users' rows sampled from the events before the cut-off
-    user_ids: np.ndarray  # (P,) positives, one per (user, item, stage)
+    inputs: NeighbourhoodRows  # users' and items' rows sampled from the events before the cut-off
+    user_ids: (
+        np.ndarray
+    )  # (P,) training positives (before the validation cut-off), one per (user, item, stage)
     item_ids: np.ndarray
     weights: np.ndarray  # (P,) stage weight
     lineage: dict
+    validation: HeldOut | None = None  # None: nothing held out (share 0, or the period has one instant)
 
 
 def parse_cutoff(value: str) -> dt.datetime | None:
@@ -91,8 +115,10 @@ def next_period(
     positive_weights: Mapping[str, float],
     sample: SampleConfig,
     max_tokens: int,
+    validation_share: float = 0.0,
 ) -> NextPeriod:
-    """Cut-off, the users' input rows before it and the positives after it (see the module docstring).
+    """Cut-off, the users' input rows before it and the positives after it, the last `validation_share` of them
+    held out (see the module docstring).
 
     Kept per process for the same tables, versions and settings: an evaluation trains the model and its
     ablations on one history, and builds these inputs once for all of them."""
@@ -106,6 +132,7 @@ def next_period(
         tuple(sorted(positive_weights.items())),
         (sample.k1, sample.k2, sample.user_k1, sample.seed, sample.salts),
         max_tokens,
+        validation_share,
     )
     if key in _BUILT:
         return _BUILT[key]
@@ -122,30 +149,80 @@ def next_period(
         raise HirError(
             f"training cut-off {cutoff.isoformat()}Z leaves no events before or after it in the window of {ds}"
         )
+    entities = read_table(spark, ENTITIES, warehouse)
+    inputs = input_rows(before, entities, cutoff.date(), warehouse, sample, max_tokens)
 
-    # The input graph as of the cut-off's day, by the day's own code and settings.
-    input_day = cutoff.date()
-    input_graph = GraphConfig(ds=input_day, warehouse=warehouse)
+    held_out, trained, validation_by_stage = None, after, {}
+    validation_cutoff = auto_cutoff(after, validation_share) if validation_share > 0 else None
+    if validation_cutoff is not None:
+        split = F.lit(validation_cutoff).cast("timestamp")
+        trained, late = after.where(F.col("event_time") < split), after.where(F.col("event_time") >= split)
+        if trained.limit(1).count() == 0:  # the whole period is one instant: nothing left to train on
+            trained, validation_cutoff = after, None
+        else:
+            *engaged, validation_by_stage = engagements(late, positive_weights)
+            held_out = HeldOut(
+                validation_cutoff,
+                input_rows(
+                    events.where(F.col("event_time") < split),
+                    entities,
+                    validation_cutoff.date(),
+                    warehouse,
+                    sample,
+                    max_tokens,
+                ),
+                *engaged,
+            )
+    user_ids, item_ids, weights, by_stage = engagements(trained, positive_weights)
+    lineage = {
+        "cutoff": cutoff.isoformat() + "Z",
+        "cutoff_rule": rule,
+        "events_version": table_version(spark, EVENTS, warehouse),
+        "entities_version": table_version(spark, ENTITIES, warehouse),
+        "input_users": int((inputs.node_type == "user").sum()),
+        "input_items": int((inputs.node_type == "item").sum()),
+        "positives_by_stage": by_stage,
+        "validation_cutoff": validation_cutoff.isoformat() + "Z" if validation_cutoff else None,
+        "validation_share": validation_share,
+        "validation_by_stage": validation_by_stage,
+    }
+    _BUILT[key] = NextPeriod(cutoff, inputs, user_ids, item_ids, weights, lineage, held_out)
+    return _BUILT[key]
+
+
+def input_rows(
+    before: DataFrame,
+    entities: DataFrame,
+    day: dt.date,
+    warehouse: str,
+    sample: SampleConfig,
+    max_tokens: int,
+) -> NeighbourhoodRows:
+    """The users' and items' neighbourhood rows of a graph built from the events `before` an instant, as of its
+    `day`, by the day's own code and settings (jobs.build_graph, jobs.sample_neighbourhoods)."""
+    graph = GraphConfig(ds=day, warehouse=warehouse)
     # Computed once: the nodes, the user budget and both hops of the sample read it (as build_graph persists
     # the day's edges), instead of replaying the events' aggregation for each.
-    edges = graph_edges(before, read_table(spark, ENTITIES, warehouse), input_graph).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    edges = graph_edges(before, entities, graph).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        nodes = graph_nodes(edges)
         sampled = sample_neighbourhoods(
-            nodes,
-            cap_degree(edges, input_graph),
+            graph_nodes(edges),
+            cap_degree(edges, graph),
             dataclasses.replace(
-                sample, ds=input_day, warehouse=warehouse, node_types=("user",), max_tokens=max_tokens
+                sample, ds=day, warehouse=warehouse, node_types=("user", "item"), max_tokens=max_tokens
             ),
         )
-        inputs = NeighbourhoodRows.from_columns(arrow_columns(sampled.toArrow(), NEIGHBOURHOOD_COLUMNS))
+        return NeighbourhoodRows.from_columns(arrow_columns(sampled.toArrow(), NEIGHBOURHOOD_COLUMNS))
     finally:
         edges.unpersist()
 
+
+def engagements(
+    events: DataFrame, positive_weights: Mapping[str, float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    """(user ids, item ids, stage weights, count per stage): the events' distinct (user, item, stage)."""
     positives = (
-        after.select(
+        events.select(
             node_id(F.col("source"), F.lit("user"), F.col("user_id")).alias("user"),
             node_id(F.col("source"), F.lit("item"), F.col("item_id")).alias("item"),
             stage_weight(positive_weights).alias("weight"),
@@ -156,20 +233,9 @@ def next_period(
         .toPandas()
     )
     by_stage = positives.groupby("funnel_stage").size().to_dict() if len(positives) else {}
-    lineage = {
-        "cutoff": cutoff.isoformat() + "Z",
-        "cutoff_rule": rule,
-        "events_version": table_version(spark, EVENTS, warehouse),
-        "entities_version": table_version(spark, ENTITIES, warehouse),
-        "input_users": len(inputs),
-        "positives_by_stage": {k: int(v) for k, v in sorted(by_stage.items())},
-    }
-    _BUILT[key] = NextPeriod(
-        cutoff,
-        inputs,
+    return (
         positives["user"].to_numpy(dtype=np.int64),
         positives["item"].to_numpy(dtype=np.int64),
         positives["weight"].to_numpy(dtype=np.float32),
-        lineage,
+        {k: int(v) for k, v in sorted(by_stage.items())},
     )
-    return _BUILT[key]

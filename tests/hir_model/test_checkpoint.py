@@ -194,7 +194,7 @@ def test_served_user_rows_in_the_stability_term_hold_the_idle_users_that_no_pair
     active = users[: len(users) // 4]  # today only a quarter of the users convert; the rest are idle
     per_user = data.user_conversions.shape[1]
     items = data.items.node_id[data.user_conversions[: len(active)].reshape(-1), 0].numpy()
-    pairs = make_next_period_pairs(inputs, served, np.repeat(active, per_user), items, np.ones(len(items)))
+    pairs = make_next_period_pairs(inputs, np.repeat(active, per_user), items, np.ones(len(items)))
     idle = torch.from_numpy(~np.isin(users, active))
     before = yesterday.embed(data.users)[idle]
     config = ModelConfig.from_dict({**tiny_config.to_dict(), "stability_weight": 10.0})

@@ -91,7 +91,7 @@ def loader(data, rows: NeighbourhoodRows, steps: int, seed: int) -> PairBatches:
     """The synthetic users' conversions as pairs over the rows read back (inputs and served alike)."""
     users = np.repeat(data.users.node_id[:, 0].numpy(), data.user_conversions.shape[1])
     items = data.items.node_id[data.user_conversions.reshape(-1), 0].numpy()
-    pairs = make_next_period_pairs(rows, rows, users, items, np.ones(len(users)))
+    pairs = make_next_period_pairs(rows, users, items, np.ones(len(users)))
     return PairBatches(rows, rows, pairs, batch_size=16, negatives=8, steps=steps, seed=seed)
 
 

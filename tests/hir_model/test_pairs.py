@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hir_model.data import NeighbourhoodRows
-from hir_model.pairs import NextPeriodPairs, PairBatches, make_next_period_pairs, mask_node
+from hir_model.pairs import PairBatches, make_next_period_pairs, training_view
 from hir_model.selection import Validation
 from schemas.codes import EDGE_TYPES, NODE_TYPES
 
@@ -53,23 +53,37 @@ def rows_of(spec: dict[int, tuple[str, list[tuple[int, str, str, int, int]]]]) -
     )
 
 
-# Input rows (before the cut-off): users 1 and 2 with history, user 3 with none.
+# Input rows (the graph before the cut-off): users 1 and 2 with history, user 3 with none; items 10-13 (item 10
+# viewed by user 1, whose row also holds a co-viewer under it) and a category.
 INPUTS = rows_of(
     {
         1: ("user", [(10, "item", "user_view_item", 1, 0)]),
         2: ("user", [(11, "item", "user_view_item", 1, 0), (12, "item", "user_cart_item", 1, 0)]),
         3: ("user", []),
-    }
-)
-# Served rows (the day): items 10-13 (item 10 viewed by user 1, whose row also holds a co-viewer under it) and a
-# category.
-SERVED = rows_of(
-    {
         10: ("item", [(1, "user", "item_viewed_by_user", 1, 0), (11, "item", "user_view_item", 2, 1)]),
-        11: ("item", [(2, "user", "item_viewed_by_user", 1, 0), (1, "user", "item_viewed_by_user", 1, 0)]),
+        11: ("item", [(2, "user", "item_viewed_by_user", 1, 0)]),
         12: ("item", [(2, "user", "item_carted_by_user", 1, 0)]),
         13: ("item", [(50, "category", "item_in_category", 1, 0)]),
         50: ("category", [(13, "item", "category_has_item", 1, 0)]),
+    }
+)
+# Served rows (the day, the cut-off's next period included): user 1 viewed item 11 after the cut-off, and item
+# 14, first seen after it (with user 4, new too).
+SERVED = rows_of(
+    {
+        1: ("user", [(10, "item", "user_view_item", 1, 0), (11, "item", "user_view_item", 1, 0)]),
+        4: ("user", [(14, "item", "user_view_item", 1, 0)]),
+        14: (
+            "item",
+            [
+                (1, "user", "item_viewed_by_user", 1, 0),
+                (10, "item", "user_view_item", 2, 1),
+                (50, "category", "item_in_category", 1, 0),
+                (4, "user", "item_viewed_by_user", 1, 0),
+            ],
+        ),
+        10: ("item", [(1, "user", "item_viewed_by_user", 1, 0), (11, "item", "user_view_item", 2, 1)]),
+        11: ("item", [(2, "user", "item_viewed_by_user", 1, 0), (1, "user", "item_viewed_by_user", 1, 0)]),
     }
 )
 
@@ -77,7 +91,6 @@ SERVED = rows_of(
 def test_pairs_keep_the_deepest_stage_and_drop_ends_without_rows() -> None:
     pairs = make_next_period_pairs(
         INPUTS,
-        SERVED,
         user_ids=np.array([1, 1, 1, 2, 3, 2, 9]),
         item_ids=np.array([11, 11, 10, 13, 10, 99, 10]),
         weights=np.array([1.0, 3.0, 1.0, 5.0, 1.0, 1.0, 1.0]),
@@ -90,12 +103,28 @@ def test_pairs_keep_the_deepest_stage_and_drop_ends_without_rows() -> None:
     ]
     assert pairs.missing == 3
     assert INPUTS.node_id[pairs.user_row].tolist() == [1, 1, 2]
-    assert SERVED.node_id[pairs.item_row].tolist() == [10, 11, 13]
+    assert INPUTS.node_id[pairs.item_row].tolist() == [10, 11, 13]
 
 
-def test_a_batch_masks_the_pairs_user_from_its_item_and_its_own_positives_from_its_negatives() -> None:
+def test_the_training_view_adds_fresh_items_as_they_stood_before_anyone_engaged_with_them() -> None:
+    view = training_view(INPUTS, SERVED)
+    assert view.node_id.tolist() == [1, 2, 3, 10, 11, 12, 13, 14, 50]  # no fresh user: user 4 has no history
+
+    def tokens(node: int) -> list[int]:
+        row = view.index_of(np.array([node]))[0]
+        return view.columns["token_node_id"][row, : view.columns["num_tokens"][row]].tolist()
+
+    assert tokens(14) == [14, 50]  # its users gone, and item 10 under user 1 with them; its category stays
+    parents = view.columns["token_parent_pos"][view.index_of(np.array([14]))[0], :2].tolist()
+    assert parents == [-1, 0]
+    assert tokens(11) == [11, 2]  # an item with an input row keeps it, not its served row
+    pairs = make_next_period_pairs(view, np.array([1, 2]), np.array([14, 11]), np.ones(2))
+    assert pairs.item_id.tolist() == [14, 11] and pairs.missing == 0
+
+
+def test_a_batch_reads_items_and_negatives_from_the_input_rows_and_masks_own_positives() -> None:
     pairs = make_next_period_pairs(
-        INPUTS, SERVED, np.array([1, 1, 2]), np.array([10, 11, 13]), np.array([1.0, 3.0, 5.0])
+        INPUTS, np.array([1, 1, 2]), np.array([10, 11, 13]), np.array([1.0, 3.0, 5.0])
     )
     loader = PairBatches(INPUTS, SERVED, pairs, batch_size=3, negatives=4, steps=1, seed=0)
     (batch,) = list(loader)
@@ -105,14 +134,13 @@ def test_a_batch_masks_the_pairs_user_from_its_item_and_its_own_positives_from_i
     assert batch.items.node_id[:, 0].tolist() == [item_of[w] for w in order]
     for row, w in enumerate(order):
         real = batch.items.node_id[row][batch.items.is_real[row]].tolist()
-        assert user_of[w] not in real[1:]  # the pair's user is gone from its item's row ...
-        if item_of[w] == 10:
-            assert real == [10]  # ... with the co-viewer under it
-        if item_of[w] == 11:
-            assert real == [11, 2]  # the other user stays
+        # Item 10 is a repeat: user 1 viewed it before the cut-off, and its row says so. Item 11's row is as it
+        # stood before the cut-off: user 1's view of it comes after (it is in the served row only).
+        assert real == {10: [10, 1, 11], 11: [11, 2], 13: [13, 50]}[item_of[w]]
     # Negatives: the 4 item rows (never the category), each masked for the users that have it as a positive.
-    negative_ids = SERVED.node_id[np.sort(np.flatnonzero(SERVED.node_type == "item"))].tolist()
+    negative_ids = INPUTS.node_id[np.sort(np.flatnonzero(INPUTS.node_type == "item"))].tolist()
     assert batch.negatives.node_id[:, 0].tolist() == negative_ids == [10, 11, 12, 13]
+    assert batch.negatives.node_id[1][batch.negatives.is_real[1]].tolist() == [11, 2]  # the input row
     for row, w in enumerate(order):
         own = {i for u, i in [(1, 10), (1, 11), (2, 13)] if u == user_of[w]}
         assert batch.negative_mask[row].tolist() == [i in own for i in negative_ids]
@@ -126,7 +154,7 @@ def test_a_batch_masks_the_pairs_user_from_its_item_and_its_own_positives_from_i
 def test_batches_cover_every_pair_once_per_epoch_and_resume_exactly() -> None:
     users = np.array([1] * 2 + [2] * 2)
     items = np.array([10, 11, 12, 13])
-    pairs = make_next_period_pairs(INPUTS, SERVED, users, items, np.ones(4))
+    pairs = make_next_period_pairs(INPUTS, users, items, np.ones(4))
     full = list(PairBatches(INPUTS, SERVED, pairs, batch_size=2, negatives=2, steps=6, seed=5))
     epoch = sorted(i for b in full[:2] for i in b.items.node_id[:, 0].tolist())
     assert epoch == [10, 11, 12, 13]
@@ -141,51 +169,9 @@ def test_batches_cover_every_pair_once_per_epoch_and_resume_exactly() -> None:
     )
 
 
-def pairs_of_users(users: range) -> NextPeriodPairs:
-    """Two pairs per user u (items 100000 + u and the next user's): every user has an input row with history."""
-    ids = list(users)
-    rows = rows_of({u: ("user", [(100000 + u, "item", "user_view_item", 1, 0)]) for u in ids})
-    served = rows_of({100000 + u: ("item", []) for u in ids})
-    items = 100000 + np.array([[u, ids[(i + 1) % len(ids)]] for i, u in enumerate(ids)]).ravel()
-    return make_next_period_pairs(rows, served, np.repeat(ids, 2), items, np.ones(2 * len(ids)))
-
-
-def test_users_split_into_disjoint_training_and_validation_sets() -> None:
-    pairs = pairs_of_users(range(1, 401))
-    train, validation = pairs.split_users(0.1, seed=0)
-    assert len(set(train.user_id) & set(validation.user_id)) == 0
-    assert len(train) + len(validation) == len(pairs)
-    held = set(validation.user_id.tolist())
-    assert 20 <= len(held) <= 60  # about a tenth of 400 (binomial sd 6)
-    assert all((validation.user_id == u).sum() == 2 for u in held)  # a user's pairs go together
-    assert set(pairs.split_users(0.1, seed=1)[1].user_id.tolist()) != held
-    assert len(pairs.split_users(0.0, seed=0)[1]) == 0
-    # Under ten users: nothing held out; ten or more: at least one, however small the share.
-    assert len(pairs_of_users(range(1, 10)).split_users(0.5, seed=0)[1]) == 0
-    assert len(set(pairs_of_users(range(1, 11)).split_users(0.001, seed=0)[1].user_id)) == 1
-
-
-def test_a_user_held_out_one_day_is_held_out_every_day() -> None:
-    # Consecutive days share most users: a warm start's validation users must not be users it trained on
-    # yesterday. Day 1 has users 1-300, day 2 users 101-400.
-    day1 = set(pairs_of_users(range(1, 301)).split_users(0.1, seed=3)[1].user_id.tolist())
-    day2 = set(pairs_of_users(range(101, 401)).split_users(0.1, seed=3)[1].user_id.tolist())
-    shared = set(range(101, 301))
-    assert day1 & shared == day2 & shared
-    assert len(day1 & shared) >= 5  # the check compares real held-out users
-
-
-def test_mask_node_drops_the_token_and_its_subtree_only() -> None:
-    batch = SERVED.batch(np.array([0]))  # item 10: user 1 at position 1, item 11 under it
-    masked = mask_node(batch, torch.tensor([1]), "user")
-    assert masked.node_id[0][masked.is_real[0]].tolist() == [10]
-    untouched = mask_node(batch, torch.tensor([10]), "item")  # the target itself is never dropped
-    assert untouched.node_id[0][untouched.is_real[0]].tolist() == [10, 1, 11]
-
-
 def test_validation_recall_counts_weighted_hits_in_the_top_k() -> None:
     pairs = make_next_period_pairs(
-        INPUTS, SERVED, np.array([1, 1, 2]), np.array([10, 12, 11]), np.array([1.0, 3.0, 5.0])
+        INPUTS, np.array([1, 1, 2]), np.array([10, 12, 11]), np.array([1.0, 3.0, 5.0])
     )
     # An embedding that puts user 1 next to item 10 and user 2 next to item 12: top-1 hits (1, 10) only.
     place = {1: [1.0, 0.0], 10: [1.0, 0.0], 2: [0.0, 1.0], 12: [0.0, 1.0], 11: [-1.0, 0.0], 13: [0.0, -1.0]}
@@ -193,11 +179,11 @@ def test_validation_recall_counts_weighted_hits_in_the_top_k() -> None:
     def embed(batch):
         return torch.tensor([place[int(i)] for i in batch.node_id[:, 0]])
 
-    top1 = Validation(INPUTS, SERVED, pairs, k=1).score(embed, temperature=1.0)
+    top1 = Validation(INPUTS, pairs, k=1).score(embed, temperature=1.0)
     # Per user, then averaged: user 1 finds weight 1 of its 4, user 2 none of its 5 (pooled it would be 1/9).
     assert top1["recall"] == (1.0 / 4.0 + 0.0) / 2
     # k = the corpus: every engagement is found.
-    assert Validation(INPUTS, SERVED, pairs, k=4).score(embed, temperature=1.0)["recall"] == 1.0
+    assert Validation(INPUTS, pairs, k=4).score(embed, temperature=1.0)["recall"] == 1.0
 
     # The loss: -log softmax over the 4 items (scores = cosines), weighted 1, 3, 5.
     def nll(user: int, item: int) -> float:
@@ -219,7 +205,7 @@ def test_warm_batches_draw_served_user_rows_for_the_stability_term_seeded_by_the
             4: ("user", [(10, "item", "user_view_item", 1, 0)]),
         }
     )
-    pairs = make_next_period_pairs(INPUTS, served, np.array([1, 2]), np.array([10, 11]), np.ones(2))
+    pairs = make_next_period_pairs(INPUTS, np.array([1, 2]), np.array([10, 11]), np.ones(2))
     cold = list(PairBatches(INPUTS, served, pairs, batch_size=2, negatives=1, steps=3, seed=4))
     assert all(b.anchor_users is None for b in cold)  # no anchor: no rows drawn, no cost
     warm = list(

@@ -36,7 +36,8 @@ from jobs.build_graph import node_id
 from jobs.common.args import run_job
 from jobs.common.delta import table_path, write_table
 from jobs.common.errors import HirError
-from jobs.train.next_period import NextPeriod
+from jobs.sample_neighbourhoods import SampleConfig
+from jobs.train.next_period import NextPeriod, next_period
 from jobs.train_encoder import (
     TableSnapshot,
     TrainingInputs,
@@ -128,6 +129,24 @@ CONVERSIONS = [
 VIEWS = [(101, 203), (102, 204), (103, 205), (104, 206), (105, 206), (106, 202), (106, 203)]
 
 
+def write_events_and_catalogue(spark, warehouse: Path, events: list[tuple]) -> None:
+    """The events table, and the entities table's items with their categories (CATEGORY)."""
+    write_table(spark.createDataFrame(events, EVENTS.schema), EVENTS, warehouse, None)
+    items = [
+        spec_row(
+            ENTITIES,
+            source="test",
+            entity_type="item",
+            entity_id=str(i),
+            category_id=str(c),
+            price=1.0,
+            ds=DAY,
+        )
+        for i, c in CATEGORY.items()
+    ]
+    write_table(spark.createDataFrame(items, ENTITIES.schema), ENTITIES, warehouse, None)
+
+
 def day_rows(users, items, ds) -> list[tuple]:
     rows = []
     for u in users:
@@ -198,20 +217,7 @@ def tables(spark, tmp_path_factory):
         for pairs, stage, hour in ((VIEWS, "view", 8), (CONVERSIONS, "cart", 20))
         for u, i in pairs
     ]
-    write_table(spark.createDataFrame(events, EVENTS.schema), EVENTS, warehouse, None)
-    entities = [
-        spec_row(
-            ENTITIES,
-            source="test",
-            entity_type="item",
-            entity_id=str(i),
-            category_id=str(c),
-            price=1.0,
-            ds=DAY,
-        )
-        for i, c in CATEGORY.items()
-    ]
-    write_table(spark.createDataFrame(entities, ENTITIES.schema), ENTITIES, warehouse, None)
+    write_events_and_catalogue(spark, warehouse, events)
     rows_a = day_rows(USERS_A, ITEMS_A, DAY) + [tree_row(999, "user", [], NEXT_DAY)]
     version_a = write_table(
         spark.createDataFrame(rows_a, NEIGHBOURHOODS.schema), NEIGHBOURHOODS, warehouse, None
@@ -342,6 +348,66 @@ def test_latest_version_is_the_default_and_resolves_to_other_files(spark, tables
     positives = zip(period.user_ids.tolist(), period.item_ids.tolist(), strict=True)
     assert sorted(positives) == sorted((n(u), n(i)) for u, i in CONVERSIONS)
     assert period.weights.tolist() == [3.0] * len(CONVERSIONS)
+
+
+def test_the_end_of_the_next_period_is_held_out_by_time_with_rows_sampled_before_it(
+    spark, tables, tmp_path
+) -> None:
+    # Views at 06:00 (the input), then the next period from the 09:00 cut-off: a view, a view and a cart at 12:00,
+    # a purchase, a view and a cart at 18:00. Half of it held out: the validation cut-off halfway, 15:00.
+    at = lambda hour: dt.datetime.combine(DAY, dt.time(hour), tzinfo=dt.UTC)  # noqa: E731
+    timeline = [
+        (101, 201, "view", 6), (102, 202, "view", 6), (103, 203, "view", 6),
+        (101, 204, "view", 12), (102, 205, "view", 12), (103, 201, "cart", 12),
+        (101, 204, "purchase", 18), (102, 206, "view", 18), (103, 205, "cart", 18),
+    ]  # fmt: skip
+    warehouse = tmp_path / "warehouse"
+    events = [
+        spec_row(
+            EVENTS, source="test", user_id=str(u), item_id=str(i), funnel_stage=s, event_time=at(h), ds=DAY
+        )
+        for u, i, s, h in timeline
+    ]
+    write_events_and_catalogue(spark, warehouse, events)
+    weights = {"view": 1.0, "cart": 3.0, "purchase": 5.0}
+    cutoff = dt.datetime(2026, 1, 7, 9)
+    period = next_period(spark, str(warehouse), DAY, cutoff, 0.2, weights, SampleConfig(ds=DAY), L, 0.5)
+
+    def engaged(ids, items, w) -> list:
+        return sorted(zip(ids.tolist(), items.tolist(), w.tolist(), strict=True))
+
+    at_hour = lambda hour: sorted((n(u), n(i), weights[s]) for u, i, s, h in timeline if h == hour)  # noqa: E731
+    assert engaged(period.user_ids, period.item_ids, period.weights) == at_hour(12)
+    held = period.validation
+    assert held.cutoff == dt.datetime(2026, 1, 7, 15)
+    assert engaged(held.user_ids, held.item_ids, held.weights) == at_hour(18)
+    assert period.lineage["validation_cutoff"] == "2026-01-07T15:00:00Z"
+    assert period.lineage["validation_by_stage"] == {"cart": 1, "purchase": 1, "view": 1}
+
+    def items_of(rows, user: int) -> set[int]:
+        row = rows.index_of(np.array([n(user)]))[0]
+        tokens = zip(rows.columns["token_node_id"][row], rows.columns["token_node_type"][row], strict=True)
+        return {int(t) for t, kind in tokens if kind == NODE_TYPES["item"]}
+
+    # The training users' rows hold what came before 09:00; the validation rows what came before 15:00.
+    assert items_of(period.inputs, 101) == {n(201)}
+    assert items_of(held.inputs, 101) == {n(201), n(204)}
+    assert items_of(held.inputs, 103) == {n(203), n(201)}
+
+    # Items too: 204, first engaged at 12:00, is in the catalogue (its category) before 09:00 without a user,
+    # and holds its 12:00 viewer before 15:00.
+    def users_of(rows, item: int) -> set[int]:
+        row = rows.index_of(np.array([n(item)]))[0]
+        assert row >= 0
+        tokens = zip(rows.columns["token_node_id"][row], rows.columns["token_node_type"][row], strict=True)
+        return {int(t) for t, kind in tokens if kind == NODE_TYPES["user"]}
+
+    assert users_of(period.inputs, 204) == set() and users_of(held.inputs, 204) == {n(101)}
+    assert users_of(period.inputs, 201) == {n(101)}  # 103's cart at 12:00 is not in the training view
+    # Nothing held out: the whole period trains.
+    whole = next_period(spark, str(warehouse), DAY, cutoff, 0.2, weights, SampleConfig(ds=DAY), L, 0.0)
+    assert whole.validation is None and whole.lineage["validation_cutoff"] is None
+    assert engaged(whole.user_ids, whole.item_ids, whole.weights) == sorted(at_hour(12) + at_hour(18))
 
 
 def test_an_existing_version_is_never_overwritten(trained, tables, capsys) -> None:
