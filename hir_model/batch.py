@@ -181,12 +181,13 @@ def mask_tokens(batch: TokenBatch, drop: Tensor) -> TokenBatch:
     return TokenBatch(**fields, num_tokens=num_tokens, content=content, has_content=has_content)
 
 
-def drop_with_descendants(batch: TokenBatch, drop: Tensor) -> Tensor:
-    """Extend a (B, L) drop mask to every token whose parent (or grand-parent ...) is dropped."""
-    has_parent = batch.parent_pos >= 0
-    parent = batch.parent_pos.clamp(min=0)
+def drop_with_descendants(drop: Tensor, parent_pos: Tensor, hop: Tensor) -> Tensor:
+    """Extend a (B, L) drop mask to every token whose parent (or grand-parent ...) is dropped; `parent_pos` and
+    `hop` are the rows' (B, L) token columns (a TokenBatch's, or a NeighbourhoodRows' as tensors)."""
+    has_parent = parent_pos >= 0
+    parent = parent_pos.clamp(min=0).long()
     # One pass per level of the tree: hop-2 tokens inherit from hop-1 parents, which never inherit from the target.
-    for _ in range(int(batch.hop.max().item()) if batch.hop.numel() else 0):
+    for _ in range(int(hop.max().item()) if hop.numel() else 0):
         drop = drop | (has_parent & drop.gather(1, parent))
     return drop
 
@@ -202,7 +203,7 @@ def sparse_view(batch: TokenBatch, generator: torch.Generator, token_dropout: fl
     if token_dropout > 0:
         coin = torch.rand(batch.node_id.shape, generator=generator, device=generator.device).to(batch.device)
         drop = drop | (neighbour & (coin < token_dropout))
-    drop = drop_with_descendants(batch, drop) & neighbour
+    drop = drop_with_descendants(drop, batch.parent_pos, batch.hop) & neighbour
     return mask_tokens(batch, drop)
 
 

@@ -27,8 +27,9 @@ from typing import Protocol
 from urllib.parse import urlparse
 
 import numpy as np
+import torch
 
-from hir_model.batch import TOKEN_COLUMNS, ContentTable, TokenBatch, batch_from_columns
+from hir_model.batch import TOKEN_COLUMNS, ContentTable, TokenBatch, batch_from_columns, drop_with_descendants
 from schemas.codes import NODE_TYPES
 
 # Columns of schemas.tables.NEIGHBOURHOODS the model reads (the partition column ds is not in the files).
@@ -248,12 +249,10 @@ class NeighbourhoodRows:
     def without_users(self) -> NeighbourhoodRows:
         """Every row without its user tokens past the target and the tokens under them: an item as it stood
         before anyone engaged with it (its category, brand and content stay)."""
-        hop, parent = self.columns["token_hop"], self.columns["token_parent_pos"]
+        hop = self.columns["token_hop"]
         real = np.arange(self.max_tokens)[None, :] < self.columns["num_tokens"][:, None]
-        dropped = real & (self.columns["token_node_type"] == NODE_TYPES["user"]) & (hop > 0)
-        for _ in range(int(hop.max(initial=0))):  # a token under a dropped one goes too, down every hop
-            dropped |= (parent >= 0) & np.take_along_axis(dropped, np.maximum(parent, 0), axis=1)
-        kept = keep_tokens(self.columns, real & ~dropped)
+        users = real & (self.columns["token_node_type"] == NODE_TYPES["user"]) & (hop > 0)
+        kept = keep_tokens(self.columns, real & ~with_descendants(users, self.columns))
         return NeighbourhoodRows.from_columns({"node_id": self.node_id, "node_type": self.node_type} | kept)
 
     @classmethod
@@ -277,6 +276,14 @@ class NeighbourhoodRows:
             {c: v[rows] if v.ndim == 1 else v[rows, :width] for c, v in self.columns.items()}
         )
         return content.attach(batch) if content is not None else batch
+
+
+def with_descendants(drop: np.ndarray, columns: dict[str, np.ndarray]) -> np.ndarray:
+    """A (N, L) mask of rows' tokens extended to every token under one of them (hir_model.batch's rule)."""
+    tensor = lambda name: torch.from_numpy(np.ascontiguousarray(columns[name]))  # noqa: E731
+    return drop_with_descendants(
+        torch.from_numpy(drop), tensor("token_parent_pos"), tensor("token_hop")
+    ).numpy()
 
 
 def keep_tokens(columns: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:

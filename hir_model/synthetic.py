@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from hir_model.batch import TokenBatch, batch_from_columns
-from hir_model.data import NeighbourhoodRows, keep_tokens
+from hir_model.data import NeighbourhoodRows, keep_tokens, with_descendants
 from hir_model.pairs import PairBatches, make_next_period_pairs
 from schemas.codes import EDGE_TYPES, NODE_TYPES
 
@@ -255,10 +255,7 @@ def synthetic_rows(data: SyntheticNeighbourhoods) -> tuple[NeighbourhoodRows, Ne
     def past(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         real = columns["token_node_type"] != 0
         deep_hop1 = columns["token_is_deep"] & (columns["token_hop"] == 1)
-        under_deep = (columns["token_hop"] == 2) & np.take_along_axis(
-            deep_hop1, np.maximum(columns["token_parent_pos"], 0), axis=1
-        )
-        return keep_tokens(columns, real & ~deep_hop1 & ~under_deep)
+        return keep_tokens(columns, real & ~with_descendants(deep_hop1, columns))
 
     def rows(users: dict[str, np.ndarray], items: dict[str, np.ndarray]) -> NeighbourhoodRows:
         users, items = with_ids(users, "user"), with_ids(items, "item")

@@ -1072,12 +1072,11 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
             f"only {len(pairs)} next-period engagements after the training cut-off {period.lineage['cutoff']} have "
             "a user with earlier history and an item of the day; move --train-cutoff earlier"
         )
-    held = period.validation
-    held_view = training_view(held.inputs, rows) if held else None
-    validation_pairs = (
-        make_next_period_pairs(held_view, held.user_ids, held.item_ids, held.weights) if held else None
-    )
-    validation = Validation(held_view, validation_pairs) if validation_pairs else None
+    validation_pairs, validation = None, None
+    if held := period.validation:
+        held_view = training_view(held.inputs, rows)
+        validation_pairs = make_next_period_pairs(held_view, held.user_ids, held.item_ids, held.weights)
+        validation = Validation(held_view, validation_pairs) if validation_pairs else None
     # The pair layout (and so batches per epoch) does not depend on the step count, only on rows and pairs.
     layout = PairBatches(view, rows, pairs, cfg.batch_size, cfg.negatives, steps=0, seed=cfg.seed)
     steps = cfg.steps or cfg.budget_epochs * layout.batches_per_epoch

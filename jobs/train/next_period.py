@@ -66,7 +66,7 @@ class NextPeriod:
     inputs: NeighbourhoodRows  # users' and items' rows sampled from the events before the cut-off
     user_ids: (
         np.ndarray
-    )  # (P,) training positives (before the validation cut-off), one per (user, item, stage)
+    )  # (P,) training positives, one per (user, item, stage), before any validation cut-off
     item_ids: np.ndarray
     weights: np.ndarray  # (P,) stage weight
     lineage: dict
