@@ -55,7 +55,9 @@ TABLES = (
     BOM_TOKENS,
     BOM_VOCAB,
 )
-# Tiny sizes: the day trains in 3 steps. The config mixes both TOML forms (flag = value, args = [...]).
+# Tiny sizes: the day trains in 3 steps. The config mixes both TOML forms (flag = value, args = [...]). One epoch
+# leaves no stopping epoch to choose, so no validation period is held out: that saves a second sampling of the
+# graph per training, in every test built on this day (tests/jobs/test_train_encoder.py covers the validation).
 CONFIG = """
 [ingest]
 users = 60
@@ -73,6 +75,7 @@ prototypes = 16
 id-buckets = 4096
 loader = "pyarrow"
 no-progress = true
+validation-share = 0.0
 """
 
 
