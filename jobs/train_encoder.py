@@ -51,65 +51,45 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 import torch
 
-from hir_model.checkpoint import load_quantiser, read_metrics, write_model_dir
+from hir_model.checkpoint import load_quantiser, write_model_dir
 from hir_model.config import ModelConfig, TrainConfig
-from hir_model.data import (
-    NeighbourhoodRows,
-    file_url,
-    make_reader,
-    read_content,
-    read_neighbourhoods,
-    row_batches,
-)
+from hir_model.data import NeighbourhoodRows, make_reader, read_content, read_neighbourhoods
 from hir_model.pairs import PairBatches, make_next_period_pairs, training_view
-from hir_model.quantiser import ResidualQuantiser, continue_codebooks, purity, quantiser_report
 from hir_model.selection import Validation
-from hir_model.trainer import Trainer
+from hir_model.verdict import day_verdict, embed_day
 from jobs.build_graph import parse_stage_weights
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
 from jobs.common.code import code_version as source_version
-from jobs.common.delta import TableSnapshot, first_line, table_snapshot
 from jobs.common.errors import HirError
 from jobs.common.stage import StageLog
-from jobs.sample_neighbourhoods import SampleConfig
-from jobs.train.continuity import (
-    WARM_NONE,
-    PreviousTokens,
-    align_quantiser,
-    model_day,
-    read_previous_tokens,
-    resolve_warm_start,
+from jobs.train.codebooks import DEFAULT_CODEBOOK_TOLERANCE, quantise_day
+from jobs.train.continuity import WARM_NONE, model_day, resolve_warm_start
+from jobs.train.inputs import TrainingInputs, resolve_inputs
+from jobs.train.next_period import parse_cutoff
+from jobs.train.run import (
+    RUNS_DIR,
+    EpochSelection,
+    Progress,
+    TrainReport,
+    fit_logged,
+    refuse_existing,
+    resolve_device,
+    start_or_resume,
 )
-from jobs.train.next_period import NextPeriod, next_period, parse_cutoff
 
 # Loss weight of a next-period engagement by its deepest stage: deep ones count most (see --positive-weights).
 POSITIVE_WEIGHTS: dict[str, float] = {"view": 0.2, "favourite": 1.0, "cart": 3.0, "purchase": 5.0}
-RUNS_DIR = ".runs"  # under the model root: work folders of runs in progress (checkpoints, live metrics log)
-POSITIVE_EDGE_TYPES = ("user_cart_item", "user_purchase_item")  # deep funnel, user -> item
-# Local day ds ends by ds+1 12:00 UTC in every time zone (the westmost is UTC-12); an edge of the day's graph whose
-# last event is later than ds+1 14:00 UTC (2 h of slack) comes from after the training day.
-_LATEST_OFFSET = dt.timedelta(days=1, hours=14)
-# faiss trains k-means on at most 256 points per centroid (max_points_per_centroid): more adds time, not quality.
-_POINTS_PER_CODE = 256
-# Mean per-dimension std of the day's embeddings below which they have shrunk to one point (well spread unit
-# vectors of dim d have ~1/sqrt(d), 0.18 at d=32, 0.09 at d=128).
-_MIN_EMBEDDING_STD = 1e-3
-_EMBED_BATCH = 1024  # rows per forward pass when embedding the day (inference only: no activations kept)
 # Half the cores: the Spark driver JVM shares the machine, and on a 2-core box 2 torch threads ran a training step
 # 8x slower than 1 (6.3 s vs 0.8 s, measured on the shared 2-core CI box).
 DEFAULT_THREADS = max(1, (os.cpu_count() or 2) // 2)
 # Synthetic day 2 of a warm backfill (README Results, "Day to day"): weight 0 / 2 / 10 kept unchanged items at a
 # median cosine of 0.731 / 0.905 / 0.974 to yesterday, validation recall@50 0.450 / 0.400 / 0.424.
 DEFAULT_STABILITY = 10.0
-# One warm day's step on the same backfill (days 2 and 3, stickiness 1): yesterday's codebooks, 1.22 / 1.16 times
-# a refit's reconstruction error on the day, kept level-0 for 1.000 / 0.973 of the unchanged items (refit: 0.733 /
-# 0.757).
-DEFAULT_CODEBOOK_TOLERANCE = 1.25
 
 
 @dataclass(frozen=True)
@@ -552,132 +532,6 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
     )
 
 
-# -- inputs (Spark) ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TrainingInputs:
-    """Everything training needs from Spark; the rest is read from the snapshot files without Spark."""
-
-    neighbourhoods: TableSnapshot
-    edges: dict[str, Any]  # path, version, ds, positives, positives_last_time
-    content: TableSnapshot | None
-    next_period: NextPeriod  # input rows before the training cut-off, positives after it
-    category_items: np.ndarray  # (C,) items with a category edge, and their heaviest category
-    category_ids: np.ndarray
-    previous_tokens: PreviousTokens | None = None  # the latest earlier day's exact paths (token alignment)
-
-    def versions(self) -> dict[str, int | str | None]:
-        versions: dict[str, int | str | None] = {
-            "neighbourhoods": self.neighbourhoods.version,
-            "edges": self.edges["version"],
-            "entity_content": self.content.version if self.content else None,
-        }
-        if self.previous_tokens is not None:  # the ids the day's tokens are renamed to
-            versions["previous_tokens"] = self.previous_tokens.identity()
-        return versions
-
-
-def categories_of_items(
-    spark, warehouse: str, version: int | None, ds: dt.date
-) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """Each item's heaviest category (the labels of the purity metric), from the day's edges.
-
-    Refuses a graph whose deep-funnel edges have events after the training day: those belong to the
-    evaluation period, and training on them would leak the answers.
-    """
-    from pyspark.errors import AnalysisException
-    from pyspark.sql import functions as F
-
-    from jobs.common.delta import read_table, table_path, table_version
-    from schemas.tables import EDGES
-
-    read_table(spark, EDGES, warehouse)  # one-line HirError when missing
-    latest = table_version(spark, EDGES, warehouse)
-    version = latest if version is None else version
-    if version > latest:
-        raise HirError(f"table edges has no version {version} (latest is {latest})")
-    try:
-        edges = read_table(spark, EDGES, warehouse, version).where(F.col("ds") == F.lit(ds))
-        positives = (
-            edges.where(F.col("edge_type").isin(*POSITIVE_EDGE_TYPES))
-            .groupBy("src", "dst")
-            .agg(F.date_format(F.max("last_time"), "yyyy-MM-dd'T'HH:mm:ss").alias("last_time"))
-            .toPandas()
-        )
-        categories = (
-            edges.where(F.col("edge_type") == "item_in_category")
-            .groupBy("src")
-            .agg(F.max(F.struct(F.col("weight"), (-F.col("dst")).alias("neg_dst"))).alias("best"))
-            .select("src", (-F.col("best.neg_dst")).alias("category"))
-            .toPandas()
-        )
-    except AnalysisException as err:
-        raise HirError(f"table edges version {version}: {first_line(err)}") from None
-    last_time = str(positives["last_time"].max()) if len(positives) else None
-    bound = (dt.datetime.combine(ds, dt.time()) + _LATEST_OFFSET).isoformat()
-    if last_time is not None and last_time >= bound:
-        leaked = int((positives["last_time"] >= bound).sum())
-        raise HirError(
-            f"edges version {version} for ds {ds}: {leaked} cart/purchase edges have events after the day "
-            f"(last {last_time}Z); the training graph must not contain the evaluation period"
-        )
-    lineage = {
-        "table": "edges",
-        "path": table_path(warehouse, EDGES),
-        "version": version,
-        "ds": str(ds),
-        "positive_edges": len(positives),
-        "positives_last_time": last_time,
-        "items_with_category": len(categories),
-    }
-    as_ids = lambda series: series.to_numpy(dtype=np.int64)  # noqa: E731
-    return lineage, as_ids(categories["src"]), as_ids(categories["category"])
-
-
-def resolve_inputs(spark, cfg: TrainJobConfig) -> TrainingInputs:
-    """Pin every input table to a version and resolve it to files (the only Spark work of the job)."""
-    from jobs.common.delta import table_exists
-    from schemas.tables import ENTITY_CONTENT, NEIGHBOURHOODS
-
-    neighbourhoods = table_snapshot(spark, NEIGHBOURHOODS, cfg.warehouse, cfg.neighbourhoods_version, cfg.ds)
-    if neighbourhoods.rows == 0:
-        raise HirError(
-            f"neighbourhoods version {neighbourhoods.version} has no rows for ds {cfg.ds}: run "
-            "sample_neighbourhoods for the day"
-        )
-    edges, cat_items, cat_ids = categories_of_items(spark, cfg.warehouse, cfg.edges_version, cfg.ds)
-    period = next_period(
-        spark,
-        cfg.warehouse,
-        cfg.ds,
-        cfg.train_cutoff,
-        cfg.next_period_share,
-        dict(cfg.positive_weights),
-        SampleConfig(ds=cfg.ds),
-        neighbourhoods_max_tokens(neighbourhoods),
-        cfg.validation_share,
-    )
-    content = None
-    if cfg.use_content and (
-        cfg.content_version is not None or table_exists(spark, ENTITY_CONTENT, cfg.warehouse)
-    ):
-        content = table_snapshot(spark, ENTITY_CONTENT, cfg.warehouse, cfg.content_version, None)
-    previous = read_previous_tokens(spark, cfg.warehouse, cfg.ds) if cfg.align_tokens else None
-    return TrainingInputs(neighbourhoods, edges, content, period, cat_items, cat_ids, previous)
-
-
-def neighbourhoods_max_tokens(snapshot: TableSnapshot) -> int:
-    """Row length of the day's neighbourhoods (the input rows are cut to the same), from one file's first row."""
-    import pyarrow.fs as pafs
-    import pyarrow.parquet as pq
-
-    fs, path = pafs.FileSystem.from_uri(file_url(snapshot.files[0]))
-    with fs.open_input_file(path) as handle:
-        first = pq.ParquetFile(handle).read_row_group(0, columns=["token_node_id"]).slice(0, 1)
-    return len(first.column(0)[0])
-
-
 # -- training (no Spark) -------------------------------------------------------------------------------------
 
 
@@ -689,22 +543,6 @@ def code_version() -> str:
 def default_version(cfg: TrainJobConfig, inputs: TrainingInputs, code: str) -> str:
     key = json.dumps([cfg.fingerprint(), inputs.versions(), code], sort_keys=True)
     return f"{cfg.ds}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
-
-
-def refuse_existing(model_dir: Path) -> Path:
-    if model_dir.exists():
-        raise HirError(
-            f"model version {model_dir} already exists; versions are immutable: pass another --version"
-        )
-    return model_dir
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise HirError("--device cuda: torch sees no GPU on this machine")
-    return torch.device(name)
 
 
 def build_configs(
@@ -743,298 +581,6 @@ def build_configs(
         checkpoint_every=cfg.checkpoint_every if cfg.checkpoint_every is not None else max(1, steps // 10),
     )
     return model, train
-
-
-class Progress:
-    """One stderr line: step, share, loss terms, prototype usage, speed, ETA. Live (\\r) on a terminal, else
-    printed every 5% of the run so logs stay short."""
-
-    def __init__(self, label: str, total: int, start: int, live: bool | None, stream: TextIO | None = None):
-        self.stream = stream or sys.stderr
-        self.label, self.total, self.start = label, total, start
-        self.live = self.stream.isatty() if live is None else live
-        self.every = max(1, total // 20)
-        self.started = time.perf_counter()
-
-    def update(self, metrics: dict[str, Any]) -> None:
-        step = metrics["step"]
-        if not self.live and step % self.every and step != self.total:
-            return
-        done = step - self.start
-        rate = done / max(time.perf_counter() - self.started, 1e-9)
-        eta = (self.total - step) / rate if rate > 0 else 0.0
-        distill = (
-            f"distill {metrics['distill']:.3f} (ln K {metrics['ln_k']:.2f}) usage {metrics['usage']:.2f} "
-            if "ln_k" in metrics
-            else ""
-        )
-        stability = f"stability {metrics['stability']:.4f} " if metrics.get("stability") else ""
-        validated = (
-            f"| validation loss {metrics['validation_loss']:.3f} recall@50 {metrics['validation_recall_at_50']:.3f} "
-            if "validation_recall_at_50" in metrics
-            else ""
-        )
-        line = (
-            f"[{self.label}] step {step}/{self.total} {100 * step / self.total:3.0f}% | loss {metrics['loss']:.3f} "
-            f"{distill}retrieval {metrics['retrieval']:.3f} {stability}{validated}| {rate:.2f} step/s eta {eta:.0f}s"
-        )
-        if self.live:
-            end = "\n" if step == self.total else ""
-            print("\r" + line, end=end, file=self.stream, flush=True)
-        else:
-            print(line, file=self.stream, flush=True)
-
-
-def collapse_verdict(history: list[dict[str, Any]]) -> tuple[bool, str]:
-    """A run collapsed when most steps of its last tenth are flagged by collapse_report (distillation loss at
-    ln K after the teacher warm-up, or one prototype for every row)."""
-    if not history:
-        return False, "no steps"
-    window = history[-max(1, len(history) // 10) :]
-    flagged = sum(bool(m.get("collapsed")) for m in window)
-    distill = sum(m["distill"] for m in window) / len(window)
-    usage = sum(m["usage"] for m in window) / len(window)
-    detail = (
-        f"{flagged} of the last {len(window)} steps flagged; distill {distill:.4f} vs ln K "
-        f"{window[-1]['ln_k']:.4f}, prototype usage {usage:.4f}"
-    )
-    return flagged * 2 > len(window), detail
-
-
-@torch.no_grad()
-def embed_day(trainer: Trainer, rows: NeighbourhoodRows, content) -> tuple[torch.Tensor, torch.Tensor]:
-    """Served embeddings (N, dim) of every row, and each row's winning prototype (centred, as in training)."""
-    embeddings, prototypes = [], []
-    trainer.student_head.eval()
-    for batch in row_batches(rows, _EMBED_BATCH, content):
-        embedding = trainer.embed(batch)
-        logits = trainer.student_head(embedding) - trainer.center
-        embeddings.append(embedding.float().cpu())
-        prototypes.append(logits.argmax(dim=-1).cpu())
-    return torch.cat(embeddings), torch.cat(prototypes)
-
-
-def quantise_day(
-    embeddings: torch.Tensor,
-    rows: NeighbourhoodRows,
-    inputs: TrainingInputs,
-    levels: int,
-    codes_per_level: int | None,
-    seed: int,
-    init: ResidualQuantiser | None = None,
-    tolerance: float = DEFAULT_CODEBOOK_TOLERANCE,
-) -> tuple[ResidualQuantiser, dict[str, Any]]:
-    """Fit the BoM quantiser on the day's embeddings (from `init`'s codebooks when it has the same shape: the
-    warm-started model's: the closest to `init`'s within `tolerance` of a refit, hir_model.quantiser.continue_codebooks),
-    rename its codes to yesterday's ids (jobs.train.continuity), and report usage, entropy,
-    collisions (all entities and per type), the purity of the items' level-0 codes against their categories (with
-    a shuffled-label chance level) and the share of entities that kept their code ids."""
-    n = embeddings.shape[0]
-    # A warm start keeps yesterday's codebook size, so its codes can carry over; else min(256, sqrt(N)).
-    codes = codes_per_level or (
-        init.codes_per_level
-        if init is not None and init.levels == levels and init.codes_per_level <= n
-        else min(256, max(2, math.isqrt(n)))
-    )
-    if codes > n:
-        raise HirError(f"--codes-per-level {codes} exceeds the {n} entities of the day")
-    generator = torch.Generator().manual_seed(seed)
-    sample = min(n, _POINTS_PER_CODE * codes)
-    fit_rows = torch.randperm(n, generator=generator)[:sample].sort().values
-    same_shape = (
-        init is not None
-        and init.codebooks is not None
-        and tuple(init.codebooks.shape) == (levels, codes, embeddings.shape[1])
-    )
-    continuation: dict[str, Any] = {"codebooks": "fitted", "kept_error_ratio": None}
-    if same_shape:
-        assert init is not None
-        quantiser, continuation = continue_codebooks(init, embeddings[fit_rows], embeddings, tolerance)
-    else:
-        quantiser = ResidualQuantiser(levels=levels, codes_per_level=codes, seed=seed).fit(
-            embeddings[fit_rows]
-        )
-    quantiser, hard, alignment = align_quantiser(
-        quantiser, quantiser.encode(embeddings), rows.node_id, inputs.previous_tokens
-    )
-    report: dict[str, Any] = {
-        "levels": levels,
-        "codes_per_level": codes,
-        "fit_rows": sample,
-        "seeded_from_warm_start": same_shape,
-        # codebooks: fitted (cold), kept (yesterday's), anchored (refitted, pulled to yesterday's) or refitted;
-        # error_ratio / kept_error_ratio: the chosen codebooks' / yesterday's error on the day over a refit's.
-        **continuation,
-        "alignment": alignment,
-        **quantiser_report(hard, codes),
-        "by_type": {},
-    }
-    for node_type in sorted(set(rows.node_type.tolist())):
-        mask = torch.from_numpy(rows.node_type == node_type)
-        report["by_type"][node_type] = {"entities": int(mask.sum()), **quantiser_report(hard[mask], codes)}
-    item_rows = rows.index_of(inputs.category_items)
-    found = item_rows >= 0
-    if found.any():
-        level0 = hard[torch.from_numpy(item_rows[found]), 0]
-        labels = torch.from_numpy(inputs.category_ids[found])
-        shuffled = labels[torch.randperm(len(labels), generator=generator)]
-        report["item_category_purity"] = purity(level0, labels)
-        report["item_category_purity_chance"] = purity(level0, shuffled)
-        report["items_with_category"] = int(found.sum())
-    return quantiser, report
-
-
-@dataclass(frozen=True)
-class TrainReport:
-    version: str
-    path: Path
-    steps: int
-    seconds: float
-    collapsed: bool
-    collapse_detail: str
-    summary: dict[str, Any]
-    reused: bool = False  # the derived version existed already: same flags, inputs and code, nothing trained
-    collapse_allowed: bool = False  # --allow-collapsed: a collapse is reported, not a failure
-
-    @property
-    def failed(self) -> bool:
-        return self.collapsed and not self.collapse_allowed
-
-    @classmethod
-    def of_existing(cls, path: Path, collapse_allowed: bool = False) -> TrainReport:
-        summary = read_metrics(path)[-1]
-        return cls(
-            path.name,
-            path,
-            summary["steps"],
-            0.0,
-            summary["collapsed"],
-            summary["collapse_detail"],
-            summary,
-            True,
-            collapse_allowed,
-        )
-
-    def line(self) -> str:
-        q = self.summary["quantiser"]
-        purity_text = (
-            f", item level-0 purity {q['item_category_purity']:.3f} (chance {q['item_category_purity_chance']:.3f})"
-            if "item_category_purity" in q
-            else ""
-        )
-        state = ("COLLAPSED" if self.collapsed else "ok") + (
-            ", existed already: nothing trained" if self.reused else ""
-        )
-        warm = self.summary.get("warm_start")
-        kept = (q.get("alignment") or {}).get("code_kept")
-        ratio = q.get("kept_error_ratio")
-        pull = q.get("anchor_pull")
-        codebooks = (
-            f", codebooks {q['codebooks']}"
-            + (f" with pull {pull:g} ({q['error_ratio']:.2f}x a refit's error)" if pull is not None else "")
-            + f" (yesterday's: {ratio:.2f}x a refit's error)"
-            if ratio is not None
-            else ""
-        )
-        continuity = (
-            (f", warm from {warm}" if warm else ", cold start")
-            + codebooks
-            + (f", token ids kept {[None if k is None else round(k, 3) for k in kept]}" if kept else "")
-        )
-        return (
-            f"model {self.version} [{state}]: {self.steps} steps in {self.seconds:.1f}s on "
-            f"{self.summary['rows']} rows / {self.summary['pairs']} conversion pairs{continuity}; final loss "
-            f"{self.summary['final_loss']:.3f}, distill {self.summary['final_distill']:.3f} (ln K "
-            f"{self.summary['ln_k']:.3f}); quantiser {q['levels']}x{q['codes_per_level']} usage "
-            f"{[round(u, 3) for u in q['usage']]}, collisions {q['collision_rate']:.3f}{purity_text} -> {self.path}"
-        )
-
-
-def _latest_checkpoint(folder: Path) -> Path | None:
-    steps = sorted(folder.glob("step-*")) if folder.is_dir() else []
-    return steps[-1] if steps else None
-
-
-def start_or_resume(
-    resume: bool, version: str, run_dir: Path, run_key: dict[str, Any], device: torch.device
-) -> tuple[Trainer, int | None]:
-    """A fresh trainer in a fresh run folder, or (--resume) the run's latest checkpoint, refusing one that was
-    started with other settings. Returns the trainer and the step it resumed from (None when fresh)."""
-    checkpoints = run_dir / "checkpoints"
-    latest = _latest_checkpoint(checkpoints)
-    if resume:
-        if latest is None:
-            raise HirError(f"--resume: no checkpoint of version {version} under {checkpoints}")
-        saved = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
-        if saved != json.loads(json.dumps(run_key)):
-            raise HirError(
-                f"--resume: the run of version {version} was started with other flags or inputs; "
-                "resume it with the same ones"
-            )
-        trainer = Trainer.resume(latest, device=device)
-        return trainer, trainer.step
-    if run_dir.exists():
-        note = f" (last checkpoint {latest.name})" if latest else ""
-        print(
-            f"note: discarding an interrupted run of {version}{note}; pass --resume to continue one",
-            file=sys.stderr,
-        )
-        shutil.rmtree(run_dir)
-    checkpoints.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps(run_key, indent=2, sort_keys=True) + "\n")
-    model_config = ModelConfig.from_dict(run_key["model"])
-    return Trainer(model_config, TrainConfig.from_dict(run_key["train"]), device=device), None
-
-
-@dataclass(frozen=True)
-class EpochSelection:
-    """Validate at each epoch's end; stop after `patience` epochs without a better validation recall@50."""
-
-    validation: Validation | None
-    content: Any
-    steps_per_epoch: int
-    patience: int
-
-    def after_step(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        if self.validation is None or trainer.step % self.steps_per_epoch:
-            return
-        score = self.validation.score(trainer.embed, trainer.model_config.retrieval_temp, self.content)
-        metrics["validation_loss"] = score["loss"]
-        metrics["validation_recall_at_50"] = score["recall"]
-        metrics["validation_best"] = trainer.record_validation(score["recall"])
-
-    def should_stop(self, trainer: Trainer) -> bool:
-        if self.validation is None or trainer.best is None:
-            return False
-        return trainer.step - trainer.best["step"] >= self.patience * self.steps_per_epoch
-
-
-def fit_logged(
-    trainer: Trainer, loader: PairBatches, run_dir: Path, progress: Progress, selection: EpochSelection
-) -> None:
-    """Train until the loader ends or the selection stops it, appending every step to the run's live
-    metrics.jsonl (tail -f) and the progress line, keeping only the latest checkpoint."""
-    checkpoints = run_dir / "checkpoints"
-    with open(run_dir / "metrics.jsonl", "w") as live:
-        for row in trainer.history:  # a resumed run's log starts with the steps it keeps
-            live.write(json.dumps(row, sort_keys=True) + "\n")
-        live.flush()
-
-        def on_metrics(metrics: dict[str, Any]) -> None:
-            selection.after_step(trainer, metrics)
-            live.write(json.dumps(metrics, sort_keys=True) + "\n")
-            live.flush()
-            progress.update(metrics)
-            # fit saves this step's checkpoint right after: drop all but the latest complete one.
-            for old in sorted(checkpoints.glob("step-*"))[:-1]:
-                shutil.rmtree(old, ignore_errors=True)
-
-        trainer.fit(
-            loader,
-            on_metrics=on_metrics,
-            checkpoint_root=checkpoints,
-            stop=lambda: selection.should_stop(trainer),
-        )
 
 
 def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
@@ -1118,16 +664,9 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     trainer.restore_best()
 
     embeddings, winners = embed_day(trainer, rows, content)
-    collapsed, detail = collapse_verdict(trainer.history) if cfg.use_distillation else (False, "")
-    day_usage = winners.unique().numel() / model_config.num_prototypes
-    day_std = float(embeddings.std(dim=0).mean()) if len(embeddings) > 1 else 0.0
-    if len(embeddings) > 1 and winners.unique().numel() == 1:
-        collapsed, detail = True, detail + "; every entity of the day has the same prototype"
-    if not cfg.use_distillation:
-        # Without the distillation term the prototype head is never trained: its loss and usage say nothing.
-        # What is left to check is that the embeddings themselves did not all shrink to one point.
-        collapsed = len(embeddings) > 1 and day_std < _MIN_EMBEDDING_STD
-        detail = f"distillation off: prototype checks skipped; embedding std {day_std:.4f}"
+    verdict = day_verdict(
+        trainer.history, embeddings, winners, model_config.num_prototypes, cfg.use_distillation
+    )
     quantiser, quantiser_metrics = quantise_day(
         embeddings,
         rows,
@@ -1163,10 +702,10 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "final_retrieval": sum(m["retrieval"] for m in window) / len(window),
         "final_stability": sum(m.get("stability", 0.0) for m in window) / len(window),
         "ln_k": math.log(model_config.num_prototypes),
-        "collapsed": collapsed,
-        "collapse_detail": detail,
-        "day_prototype_usage": day_usage,
-        "day_embedding_std": day_std,
+        "collapsed": verdict.collapsed,
+        "collapse_detail": verdict.detail,
+        "day_prototype_usage": verdict.prototype_usage,
+        "day_embedding_std": verdict.embedding_std,
         "quantiser": quantiser_metrics,
         "seconds": seconds,
     }
@@ -1210,11 +749,18 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         raise HirError(str(err)) from None
     shutil.rmtree(run_dir, ignore_errors=True)
     log.counts.update(
-        rows_in=len(rows), pairs=len(pairs), steps=trainer.step, collapsed=collapsed, model=str(path)
+        rows_in=len(rows), pairs=len(pairs), steps=trainer.step, collapsed=verdict.collapsed, model=str(path)
     )
     log.emit()
     return TrainReport(
-        version, path, trainer.step, seconds, collapsed, detail, summary, collapse_allowed=cfg.allow_collapsed
+        version,
+        path,
+        trainer.step,
+        seconds,
+        verdict.collapsed,
+        verdict.detail,
+        summary,
+        collapse_allowed=cfg.allow_collapsed,
     )
 
 

@@ -1,1 +1,2 @@
-"""The training job's Spark-side inputs (jobs.train_encoder runs them)."""
+"""The training job's parts (jobs.train_encoder wires them): its Spark-side inputs (inputs, next_period), the run's
+folder, resume, stopping and report (run), the day's codebooks (codebooks) and day-to-day continuity (continuity)."""

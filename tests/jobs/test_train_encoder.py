@@ -34,21 +34,12 @@ from hir_model.encoder import hash_node_ids
 from jobs import train_encoder
 from jobs.build_graph import node_id
 from jobs.common.args import run_job
-from jobs.common.delta import table_path, write_table
+from jobs.common.delta import TableSnapshot, table_path, table_snapshot, write_table
 from jobs.common.errors import HirError
 from jobs.sample_neighbourhoods import SampleConfig
+from jobs.train.inputs import TrainingInputs, categories_of_items
 from jobs.train.next_period import NextPeriod, next_period
-from jobs.train_encoder import (
-    TableSnapshot,
-    TrainingInputs,
-    categories_of_items,
-    code_version,
-    config_from_args,
-    default_version,
-    resolve_inputs,
-    table_snapshot,
-    train,
-)
+from jobs.train_encoder import code_version, config_from_args, default_version, resolve_inputs, train
 from schemas.codes import EDGE_TYPES, NODE_TYPES
 from schemas.tables import EDGES, ENTITIES, ENTITY_CONTENT, EVENTS, NEIGHBOURHOODS, TableSpec
 
@@ -588,15 +579,6 @@ def test_a_collapsed_run_is_reported_as_collapsed(tmp_path, monkeypatch, capsys)
     assert run_job(train_encoder.main, [*flags, "--version", "via-main"]) == 1
     assert "COLLAPSED:" in capsys.readouterr().err
     assert (tmp_path / "wh" / "models" / "via-main" / "weights.pt").exists()
-
-
-def test_collapse_verdict_reads_the_last_tenth_of_the_run() -> None:
-    healthy = [{"collapsed": False, "distill": 1.0, "usage": 0.5, "ln_k": 2.77}] * 20
-    assert train_encoder.collapse_verdict(healthy)[0] is False
-    late = healthy[:18] + [dict(healthy[0], collapsed=True)] * 2
-    assert train_encoder.collapse_verdict(late)[0] is True  # the whole last tenth flagged
-    blip = [dict(healthy[0], collapsed=True)] * 2 + healthy[2:]
-    assert train_encoder.collapse_verdict(blip)[0] is False  # early steps near ln K are not a collapse
 
 
 def test_ablation_flags_reach_the_model_config_and_name_another_version(tables, inputs_a, trained) -> None:
