@@ -37,18 +37,15 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
+from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, parse_stage_weights, run_job
 from jobs.common.delta import read_table, write_table
 from jobs.common.errors import HirError
 from jobs.common.spark import get_spark
 from jobs.common.stage import StageLog
 from jobs.graph.topk import DEFAULT_SALTS, top_k
-from schemas.codes import FUNNEL_DEPTH, FUNNEL_STAGES, STAGE_EDGE
+from schemas.codes import DEFAULT_STAGE_WEIGHTS, FUNNEL_DEPTH, STAGE_EDGE
 from schemas.tables import EDGES, ENTITIES, EVENTS, NODES
 
-# A purchase outweighs a cart outweighs a favourite outweighs a view; the same scale as hir_model.synthetic, and
-# mild enough that a browsing session (Taobao: ~40 views per purchase) still counts.
-DEFAULT_STAGE_WEIGHTS: dict[str, float] = {"view": 1.0, "favourite": 2.0, "cart": 3.0, "purchase": 5.0}
 # Weights are summed as integers in units of 1e-9: integer sums do not depend on the order Spark adds partial
 # aggregates in, so a rerun gives bit-identical weights (and identical samples downstream).
 WEIGHT_UNITS = 1_000_000_000
@@ -133,28 +130,6 @@ class GraphReport:
         )
 
 
-def parse_stage_weights(value: str) -> dict[str, float]:
-    """'view=1,favourite=2,cart=3,purchase=5' -> dict; every funnel stage once, each weight positive."""
-    weights: dict[str, float] = {}
-    for part in value.split(","):
-        stage, _, number = part.partition("=")
-        stage = stage.strip()
-        if stage not in FUNNEL_STAGES or stage in weights:
-            raise HirError(
-                f"--stage-weights: '{part}' does not name a new stage of {', '.join(FUNNEL_STAGES)}"
-            )
-        try:
-            weights[stage] = float(number)
-        except ValueError:
-            raise HirError(f"--stage-weights: '{part}' has no number after '='") from None
-        if not weights[stage] > 0:
-            raise HirError(f"--stage-weights: weight of {stage} must be positive")
-    missing = [s for s in FUNNEL_STAGES if s not in weights]
-    if missing:
-        raise HirError(f"--stage-weights: no weight for {', '.join(missing)}")
-    return weights
-
-
 def build_parser() -> JobArgumentParser:
     p = JobArgumentParser(prog="hir build-graph", description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -213,7 +188,7 @@ def config_from_args(argv: Sequence[str] | None) -> GraphConfig:
         warehouse=args.warehouse,
         lookback_days=args.lookback_days,
         half_life_days=args.half_life_days,
-        stage_weights=parse_stage_weights(args.stage_weights),
+        stage_weights=parse_stage_weights(args.stage_weights, "--stage-weights"),
         degree_cap=args.degree_cap,
         salts=args.salts,
     )

@@ -62,8 +62,7 @@ from hir_model.data import NeighbourhoodRows, make_reader, read_content, read_ne
 from hir_model.pairs import PairBatches, make_next_period_pairs, training_view
 from hir_model.selection import Validation
 from hir_model.verdict import day_verdict, embed_day
-from jobs.build_graph import parse_stage_weights
-from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
+from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, parse_stage_weights, run_job
 from jobs.common.code import code_version as source_version
 from jobs.common.errors import HirError
 from jobs.common.stage import StageLog
@@ -506,7 +505,7 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         train_cutoff=train_cutoff,
         next_period_share=args.next_period_share,
         negatives=args.negatives,
-        positive_weights=tuple(parse_stage_weights(args.positive_weights).items()),
+        positive_weights=tuple(parse_stage_weights(args.positive_weights, "--positive-weights").items()),
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,

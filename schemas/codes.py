@@ -14,6 +14,9 @@ FUNNEL_DEPTH: dict[str, str] = {"view": "upper", "favourite": "upper", "cart": "
 # with this stage so nothing is lost, and the graph ignores them.
 NON_FUNNEL_STAGE = "removal"
 ALL_STAGES: tuple[str, ...] = FUNNEL_STAGES + (NON_FUNNEL_STAGE,)
+# A purchase outweighs a cart outweighs a favourite outweighs a view (the graph's edge weights and the baselines' histories); the same scale as hir_model.synthetic, and
+# mild enough that a browsing session (Taobao: ~40 views per purchase) still counts.
+DEFAULT_STAGE_WEIGHTS: dict[str, float] = {"view": 1.0, "favourite": 2.0, "cart": 3.0, "purchase": 5.0}
 
 PAD = 0
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from jobs.common.errors import HirError
+from schemas.codes import FUNNEL_STAGES
 
 
 class JobArgumentParser(argparse.ArgumentParser):
@@ -43,3 +44,23 @@ def run_job(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     except HirError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def parse_stage_weights(value: str, flag: str) -> dict[str, float]:
+    """The value of a stage-weight flag (`flag` names it in errors): 'view=1,favourite=2,cart=3,purchase=5' -> dict; every funnel stage once, each weight positive."""
+    weights: dict[str, float] = {}
+    for part in value.split(","):
+        stage, _, number = part.partition("=")
+        stage = stage.strip()
+        if stage not in FUNNEL_STAGES or stage in weights:
+            raise HirError(f"{flag}: '{part}' does not name a new stage of {', '.join(FUNNEL_STAGES)}")
+        try:
+            weights[stage] = float(number)
+        except ValueError:
+            raise HirError(f"{flag}: '{part}' has no number after '='") from None
+        if not weights[stage] > 0:
+            raise HirError(f"{flag}: weight of {stage} must be positive")
+    missing = [s for s in FUNNEL_STAGES if s not in weights]
+    if missing:
+        raise HirError(f"{flag}: no weight for {', '.join(missing)}")
+    return weights

@@ -20,8 +20,9 @@ import numpy as np
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from jobs.build_graph import DEFAULT_STAGE_WEIGHTS, node_id
+from jobs.build_graph import node_id
 from jobs.eval.split import DEEP_STAGES, funnel_events, stage_weight
+from schemas.codes import DEFAULT_STAGE_WEIGHTS
 
 # A user's 50 heaviest items carry their interests; a hub user's 500-item tail would square the pair count.
 CO_VISIT_HISTORY = 50

@@ -25,7 +25,6 @@ from jobs.build_graph import (
     graph_edges,
     graph_nodes,
     node_stats,
-    parse_stage_weights,
     recency_bucket,
 )
 from jobs.common.delta import read_table, write_table
@@ -248,11 +247,6 @@ def test_recency_buckets_and_weights_helpers(spark):
         15,
         15,
     ]
-    assert parse_stage_weights("purchase=5,cart=3,favourite=2,view=1.5")["view"] == 1.5
-    with pytest.raises(HirError, match="no weight for cart"):
-        parse_stage_weights("view=1,favourite=2,purchase=5")
-    with pytest.raises(HirError, match="must be positive"):
-        parse_stage_weights("view=0,favourite=2,cart=3,purchase=5")
 
 
 def test_id_collision_fails_loudly(spark):
