@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ATTENTION_BACKENDS = ("auto", "flex", "sdpa")
+BAG_SCOPES = ("neighbourhood", "items")
 
 
 def _from_dict(cls: type, values: dict[str, Any]) -> Any:
@@ -48,9 +49,11 @@ class ModelConfig:
     use_content: bool = True  # ablation: ignore content embeddings
     use_attention_bias: bool = True  # ablation: False => zero edge/hop/recency biases
     use_hierarchy_mask: bool = True  # ablation: False => every real token sees every real token
-    use_item_bag: bool = (
-        True  # add the row's item-id bag to the embedding (repeat awareness; encoder.item_bag)
-    )
+    use_item_bag: bool = True  # add the row's id bag to the embedding (repeat awareness; encoder.item_bag)
+    # "neighbourhood": the bag holds every token of the row, with a learned weight per (target type, hop, token
+    # type) slot (encoder.neighbourhood_bag: repeats, co-visitation and category affinity); "items": only the
+    # items at hops 0-1 (repeats), what models had before the field existed
+    bag_scope: str = "neighbourhood"
 
     # DINO head and distillation
     num_prototypes: int = (
@@ -82,6 +85,8 @@ class ModelConfig:
             raise ValueError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
             )
+        if self.bag_scope not in BAG_SCOPES:
+            raise ValueError(f"bag_scope must be one of {BAG_SCOPES}, got {self.bag_scope!r}")
         if self.dim % self.heads != 0:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
         if self.id_buckets < 2 or self.num_id_hashes < 1:
@@ -102,7 +107,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
-        return _from_dict(cls, values)
+        # A config written before bag_scope existed is a model with the items-only bag (and no slot weights).
+        return _from_dict(cls, {"bag_scope": "items", **values})
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,14 @@ from torch import Tensor, nn
 from hir_model.attention import HierarchicalAttention, TreeLayout, build_layout, resolve_backend
 from hir_model.batch import TokenBatch
 from hir_model.config import ModelConfig
-from schemas.codes import NODE_TYPES, NUM_EDGE_TYPES, NUM_NODE_TYPES
+from schemas.codes import NODE_TYPES, NUM_EDGE_TYPES, NUM_NODE_TYPES, PAD
 
-# Scale of the item-bag projection at init: id embeddings start at std 0.02 (x2 hashes), the transformer output
-# at ~0.1 per dimension; 5 puts a row's own items on the same footing.
+# Scale of the bag projection at init: id embeddings start at std 0.02 (x2 hashes), the transformer output at ~0.1
+# per dimension; 5 puts a row's own items on the same footing.
 _BAG_INIT_GAIN = 5.0
+# Starting weight of the neighbourhood bag's other slots (users, categories, hop-2 items) against the item slots'
+# 1: present from the first step, small enough that the repeat signal leads until training says otherwise.
+_NEIGHBOUR_SLOT_INIT = 0.25
 
 
 def _signed64(value: int) -> int:
@@ -47,6 +50,18 @@ def hash_node_ids(node_id: Tensor, node_type: Tensor, num_buckets: int, salt: in
     z = (z ^ _shift_right(z, 27)) * _MIX_2
     z = z ^ _shift_right(z, 31)
     return torch.remainder(z, num_buckets)
+
+
+def bag_slot_init(max_hop: int) -> Tensor:
+    """(S,) starting weights of the neighbourhood bag's slots, S = types x (max_hop + 1) x types: 1 for the slots
+    the item bag reads (an item's own id, a user's history items), _NEIGHBOUR_SLOT_INIT for every other one."""
+    scale = torch.full((NUM_NODE_TYPES, max_hop + 1, NUM_NODE_TYPES), _NEIGHBOUR_SLOT_INIT)
+    item, user = NODE_TYPES["item"], NODE_TYPES["user"]
+    scale[item, 0, item] = 1.0
+    scale[user, 1, item] = 1.0
+    scale[PAD] = 0.0  # no target is padding
+    scale[:, :, PAD] = 0.0  # nor is any token the bag reads
+    return scale.flatten()
 
 
 class TokenFeatures(nn.Module):
@@ -131,6 +146,12 @@ class HIREncoder(nn.Module):
         self.ln_out = nn.LayerNorm(config.dim)
         self.out_proj = nn.Linear(config.dim, config.dim)
         self.bag_proj = nn.Linear(config.dim, config.dim, bias=False) if config.use_item_bag else None
+        # One learned weight per bag slot (target type, hop, token type); 1-D, so AdamW does not decay it.
+        self.bag_slot_scale = (
+            nn.Parameter(bag_slot_init(config.max_hop))
+            if config.use_item_bag and config.bag_scope == "neighbourhood"
+            else None
+        )
         self.apply(self._init_weights)
         if self.bag_proj is not None:
             # Starts as the identity at a scale near the transformer output's: two rows holding the same item
@@ -184,9 +205,36 @@ class HIREncoder(nn.Module):
         total = weight.sum(dim=1, keepdim=True).clamp_min(1e-6)
         return (weight.unsqueeze(-1) * self.features.id_vectors(batch)).sum(dim=1) / total
 
+    def neighbourhood_bag(self, batch: TokenBatch) -> Tensor:
+        """(B, D): the id bag of the whole row, slot by slot. A slot is (target type, hop, token type); its vector
+        is the weighted mean id embedding of the row's tokens in it (log1p of the edge weight; the target 1), and
+        the bag is the sum of the slots' vectors, each times a learned weight.
+
+        The inner product of two bags counts the nodes their rows share, slot pair by slot pair, as graph
+        collaborative filtering's propagated embeddings do (LightGCN, He et al. 2020): a user's history items
+        against an item's own id (a repeat), the users under the user's items (who else engaged with them)
+        against the item's users (item co-visitation), the categories under the user's items against the item's
+        category (category affinity, which reaches an item nobody engaged with yet)."""
+        cfg = self.config
+        node_type = batch.node_type.clamp(0, NUM_NODE_TYPES - 1)
+        hop = batch.hop.clamp(0, cfg.max_hop)
+        slot = (node_type[:, :1] * (cfg.max_hop + 1) + hop) * NUM_NODE_TYPES + node_type  # (B, L)
+        weight = torch.where(batch.hop == 0, 1.0, torch.log1p(batch.weight.clamp(min=0)))
+        weight = weight * (batch.node_type != PAD)  # (B, L)
+        ids = self.features.id_vectors(batch)  # (B, L, D)
+        slots = self.bag_slot_scale.shape[0]
+        sums = ids.new_zeros(ids.shape[0], slots, ids.shape[2]).scatter_add(
+            1, slot.unsqueeze(-1).expand_as(ids), weight.unsqueeze(-1) * ids
+        )  # (B, S, D)
+        totals = weight.new_zeros(ids.shape[0], slots).scatter_add(1, slot, weight)  # (B, S)
+        means = sums / totals.clamp_min(1e-6).unsqueeze(-1)
+        return (means * self.bag_slot_scale[None, :, None]).sum(dim=1)
+
     def forward(self, batch: TokenBatch) -> Tensor:
         target = self.encode_tokens(batch)[:, 0]  # (B, D): position 0 is the target node
         out = self.out_proj(self.ln_out(target))
-        if self.bag_proj is not None:
+        if self.bag_slot_scale is not None:
+            out = out + self.bag_proj(self.neighbourhood_bag(batch))
+        elif self.bag_proj is not None:
             out = out + self.bag_proj(self.item_bag(batch))
         return F.normalize(out, dim=-1)

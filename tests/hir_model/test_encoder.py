@@ -4,10 +4,11 @@ import dataclasses
 
 import torch
 
-from hir_model.batch import ContentTable
+from hir_model.batch import ContentTable, TokenBatch, batch_from_columns
 from hir_model.config import ModelConfig
 from hir_model.encoder import HIREncoder, hash_node_ids
 from hir_model.synthetic import random_tree_batch
+from schemas.codes import EDGE_TYPES, NODE_TYPES
 
 
 def test_output_is_one_unit_vector_per_target(tiny_config: ModelConfig) -> None:
@@ -104,3 +105,72 @@ def test_content_counts_only_where_a_token_has_it(tiny_config: ModelConfig) -> N
         plain, enriched = encoder(batch), encoder(with_content)
     assert (enriched[0] - plain[0]).abs().max() > 1e-4
     torch.testing.assert_close(enriched[1:], plain[1:], atol=1e-6, rtol=0)
+
+
+def _rows(rows: list[list[tuple[int, str, str, int, int]]]) -> TokenBatch:
+    """A batch from rows of (node id, node type, edge type, hop, parent position) tokens, weight 1 each."""
+    width = max(len(row) for row in rows)
+
+    def column(field: int, pad, code=None):
+        return [
+            [code[token[field]] if code else token[field] for token in row] + [pad] * (width - len(row))
+            for row in rows
+        ]
+
+    return batch_from_columns(
+        {
+            "token_node_id": column(0, 0),
+            "token_node_type": column(1, 0, NODE_TYPES),
+            "token_edge_type": column(2, 0, EDGE_TYPES),
+            "token_hop": column(3, 0),
+            "token_parent_pos": column(4, -1),
+            "token_recency": [[0] * width for _ in rows],
+            "token_weight": [[1.0] * width for _ in rows],
+            "token_is_deep": [[False] * width for _ in rows],
+            "num_tokens": [len(row) for row in rows],
+        }
+    )
+
+
+def test_neighbourhood_bag_scores_the_nodes_two_rows_share(tiny_config: ModelConfig) -> None:
+    # A user who viewed items 10 and 11; user 2 also viewed 10, and 11 is in category 100. Item 20 was viewed by
+    # user 2 and is in category 100: co-visited and in the user's category, though the user never saw it. Item 21
+    # shares nothing with the user's row. 256 dims: random id vectors are then nearly orthogonal.
+    config = dataclasses.replace(tiny_config, dim=256, heads=4, id_buckets=2**16)
+    user_row = [
+        (1, "user", "self", 0, -1),
+        (10, "item", "user_view_item", 1, 0),
+        (11, "item", "user_view_item", 1, 0),
+        (2, "user", "item_viewed_by_user", 2, 1),
+        (100, "category", "item_in_category", 2, 2),
+    ]
+
+    def item_row(item: int, user: int, category: int) -> list:
+        return [
+            (item, "item", "self", 0, -1),
+            (user, "user", "item_viewed_by_user", 1, 0),
+            (category, "category", "item_in_category", 1, 0),
+            (item + 10, "item", "user_view_item", 2, 1),
+        ]
+
+    batch = _rows([user_row, item_row(20, 2, 100), item_row(21, 3, 101), item_row(10, 1, 100)])
+    torch.manual_seed(0)
+    encoder = HIREncoder(config).eval()
+    items_only = HIREncoder(dataclasses.replace(config, bag_scope="items")).eval()
+    items_only.load_state_dict(encoder.state_dict(), strict=False)
+    with torch.no_grad():
+        encoder.bag_slot_scale.copy_((encoder.bag_slot_scale != 0).float())  # every slot at weight 1
+        bag = encoder.neighbourhood_bag(batch)
+        scores = bag[1:] @ bag[0]
+        item_scores = (lambda b: b[1:] @ b[0])(items_only.item_bag(batch))
+    shared, unrelated, repeat = scores.tolist()
+    assert shared > 0.5 * repeat > 0 and abs(unrelated) < 0.1 * shared, scores
+    # The items-only bag sees the repeat and nothing else: the co-visited item scores as the unrelated one.
+    assert abs(item_scores[0] - item_scores[1]) < 0.1 * (item_scores[2] - item_scores[0]), item_scores
+
+
+def test_configs_written_before_the_bag_scope_have_the_items_bag(tiny_config: ModelConfig) -> None:
+    legacy = {k: v for k, v in tiny_config.to_dict().items() if k != "bag_scope"}
+    assert ModelConfig.from_dict(legacy).bag_scope == "items"
+    assert ModelConfig.from_dict(tiny_config.to_dict()).bag_scope == "neighbourhood"
+    assert HIREncoder(ModelConfig.from_dict(legacy)).bag_slot_scale is None
