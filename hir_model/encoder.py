@@ -52,6 +52,12 @@ def hash_node_ids(node_id: Tensor, node_type: Tensor, num_buckets: int, salt: in
     return torch.remainder(z, num_buckets)
 
 
+def bag_weights(batch: TokenBatch) -> Tensor:
+    """(B, L) weight of each token in a row's id bag: 1 for the target, log1p of the edge weight for a neighbour
+    (heavy-tailed counts x decay: a 100-event edge must not swamp the bag)."""
+    return torch.where(batch.hop == 0, 1.0, torch.log1p(batch.weight.clamp(min=0)))
+
+
 def bag_slot_init(max_hop: int) -> Tensor:
     """(S,) starting weights of the neighbourhood bag's slots, S = types x (max_hop + 1) x types: 1 for the slots
     the item bag reads (an item's own id, a user's history items), _NEIGHBOUR_SLOT_INIT for every other one."""
@@ -201,7 +207,7 @@ class HIREncoder(nn.Module):
         user and an item is high when the item is in the user's row, in proportion to its weight there: the
         repeat signal, inside the embedding itself."""
         is_item = (batch.node_type == NODE_TYPES["item"]) & (batch.hop <= 1)
-        weight = torch.where(batch.hop == 0, 1.0, torch.log1p(batch.weight.clamp(min=0))) * is_item
+        weight = bag_weights(batch) * is_item
         total = weight.sum(dim=1, keepdim=True).clamp_min(1e-6)
         return (weight.unsqueeze(-1) * self.features.id_vectors(batch)).sum(dim=1) / total
 
@@ -219,8 +225,7 @@ class HIREncoder(nn.Module):
         node_type = batch.node_type.clamp(0, NUM_NODE_TYPES - 1)
         hop = batch.hop.clamp(0, cfg.max_hop)
         slot = (node_type[:, :1] * (cfg.max_hop + 1) + hop) * NUM_NODE_TYPES + node_type  # (B, L)
-        weight = torch.where(batch.hop == 0, 1.0, torch.log1p(batch.weight.clamp(min=0)))
-        weight = weight * (batch.node_type != PAD)  # (B, L)
+        weight = bag_weights(batch) * (batch.node_type != PAD)  # (B, L)
         ids = self.features.id_vectors(batch)  # (B, L, D)
         slots = self.bag_slot_scale.shape[0]
         sums = ids.new_zeros(ids.shape[0], slots, ids.shape[2]).scatter_add(

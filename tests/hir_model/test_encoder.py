@@ -162,7 +162,8 @@ def test_neighbourhood_bag_scores_the_nodes_two_rows_share(tiny_config: ModelCon
         encoder.bag_slot_scale.copy_((encoder.bag_slot_scale != 0).float())  # every slot at weight 1
         bag = encoder.neighbourhood_bag(batch)
         scores = bag[1:] @ bag[0]
-        item_scores = (lambda b: b[1:] @ b[0])(items_only.item_bag(batch))
+        items_bag = items_only.item_bag(batch)
+        item_scores = items_bag[1:] @ items_bag[0]
     shared, unrelated, repeat = scores.tolist()
     assert shared > 0.5 * repeat > 0 and abs(unrelated) < 0.1 * shared, scores
     # The items-only bag sees the repeat and nothing else: the co-visited item scores as the unrelated one.
