@@ -21,8 +21,9 @@ served row, the one a ranker reads tomorrow, would otherwise never be held. Batc
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,6 +89,65 @@ def make_next_period_pairs(
     )
 
 
+# Row keys of an earlier period's rows in a stacked view: the node id XOR a per-period odd constant (splitmix64's
+# golden gamma times the period): distinct from every real id of the day but with odds of 2^-64 a pair, and its
+# own inverse. Only the stacked view's row index reads them; the tokens keep the real ids the model embeds.
+_PERIOD_KEY = 0x9E3779B97F4A7C15
+
+
+def _period_keys(node_ids: np.ndarray, period: int) -> np.ndarray:
+    key = np.uint64((_PERIOD_KEY * period) % (1 << 64))
+    return (np.asarray(node_ids, dtype=np.int64).view(np.uint64) ^ key).view(np.int64)
+
+
+@dataclass(frozen=True)
+class StackedPairs:
+    """The pairs of several periods over one set of rows: the latest period's view (the negatives' corpus) and the
+    rows of each earlier period's pairs, re-keyed so a node has one row per period."""
+
+    rows: NeighbourhoodRows
+    pairs: NextPeriodPairs  # real user and item ids; user_row and item_row index `rows`
+    corpus: np.ndarray  # rows of the latest period's items: what the uniform negatives are drawn from
+    pairs_by_period: tuple[int, ...]  # latest first
+
+
+def stack_periods(
+    latest: NeighbourhoodRows,
+    latest_pairs: NextPeriodPairs,
+    earlier: Sequence[tuple[NeighbourhoodRows, np.ndarray, np.ndarray, np.ndarray]],
+) -> StackedPairs:
+    """One training set from the latest period's view and pairs and earlier periods' (view, user ids, item ids,
+    weights), latest first. An earlier pair reads its user and its item as they stood at its period's start, so the
+    model learns from every position of the window's history; negatives are drawn from the latest view only."""
+    parts, extra = [latest], []
+    for period, (view, user_ids, item_ids, weights) in enumerate(earlier, start=1):
+        own = make_next_period_pairs(view, user_ids, item_ids, weights)
+        used = np.unique(np.concatenate([own.user_row, own.item_row]))
+        taken = view.take(used)
+        parts.append(NeighbourhoodRows(_period_keys(taken.node_id, period), taken.node_type, taken.columns))
+        extra.append((period, own))
+    rows = NeighbourhoodRows.concat(parts) if extra else latest
+    stacked = [make_next_period_pairs(rows, latest_pairs.user_id, latest_pairs.item_id, latest_pairs.weight)]
+    for period, own in extra:
+        keyed = make_next_period_pairs(
+            rows, _period_keys(own.user_id, period), _period_keys(own.item_id, period), own.weight
+        )
+        stacked.append(
+            dataclasses.replace(
+                keyed,
+                user_id=_period_keys(keyed.user_id, period),
+                item_id=_period_keys(keyed.item_id, period),
+            )
+        )
+    pairs = NextPeriodPairs(
+        *(np.concatenate([getattr(p, f) for p in stacked]) for f in ("user_id", "item_id", "weight")),
+        *(np.concatenate([getattr(p, f) for p in stacked]) for f in ("user_row", "item_row")),
+        missing=latest_pairs.missing + sum(own.missing for _, own in extra),
+    )
+    corpus = rows.index_of(latest.node_id[latest.node_type == "item"])
+    return StackedPairs(rows, pairs, np.sort(corpus), tuple(len(p) for p in stacked))
+
+
 @dataclass(frozen=True)
 class RetrievalBatch:
     """One step's inputs: B users, their B positive items, M uniform negatives, and the loss's side tensors."""
@@ -142,6 +202,7 @@ class PairBatches:
         content: ContentTable | None = None,
         start_step: int = 0,
         anchor_users: int = 0,
+        corpus: np.ndarray | None = None,
     ) -> None:
         if batch_size < 2 or negatives < 0 or steps < 0 or anchor_users < 0:
             raise ValueError("batch_size must be >= 2, negatives, anchor_users and steps >= 0")
@@ -149,7 +210,8 @@ class PairBatches:
             raise ValueError(f"need at least 2 next-period pairs to train, got {len(pairs)}")
         self.inputs, self.served, self.pairs, self.content = inputs, served, pairs, content
         self.batch_size, self.steps, self.seed, self.start_step = batch_size, steps, seed, start_step
-        self.corpus = np.flatnonzero(inputs.node_type == "item")
+        # The rows negatives are drawn from: every item row, or (stacked periods) the latest period's.
+        self.corpus = np.flatnonzero(inputs.node_type == "item") if corpus is None else np.asarray(corpus)
         self.negatives = min(negatives, len(self.corpus))
         self.user_corpus = np.flatnonzero(served.node_type == "user")
         self.anchor_users = min(anchor_users, len(self.user_corpus))

@@ -59,7 +59,7 @@ import torch
 from hir_model.checkpoint import load_quantiser, write_model_dir
 from hir_model.config import ModelConfig, TrainConfig
 from hir_model.data import NeighbourhoodRows, make_reader, read_content, read_neighbourhoods
-from hir_model.pairs import PairBatches, make_next_period_pairs, training_view
+from hir_model.pairs import PairBatches, make_next_period_pairs, stack_periods, training_view
 from hir_model.selection import Validation
 from hir_model.verdict import day_verdict, embed_day
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, parse_stage_weights, run_job
@@ -111,6 +111,7 @@ class TrainJobConfig:
         None  # naive UTC; None: the last next_period_share of the window after it
     )
     next_period_share: float = 0.2
+    train_periods: int = 1  # next periods learnt from: the last one and train_periods - 1 before it
     negatives: int = 256  # uniform corpus negatives per step
     positive_weights: tuple[tuple[str, float], ...] = tuple(POSITIVE_WEIGHTS.items())  # stage -> weight
     batch_size: int = TrainConfig.batch_size
@@ -162,6 +163,7 @@ class TrainJobConfig:
             "validation_share",
             "train_cutoff",
             "next_period_share",
+            "train_periods",
             "negatives",
             "positive_weights",
             "batch_size",
@@ -285,6 +287,15 @@ def build_parser() -> JobArgumentParser:
         type=float,
         default=0.2,
         help="With --train-cutoff auto: share of the window's funnel events after the cut-off (default 0.2).",
+    )
+    g.add_argument(
+        "--train-periods",
+        type=_positive,
+        default=1,
+        help="Periods to learn from (default 1: the one after the cut-off). N adds up to N - 1 periods before it, "
+        "each as long in funnel events, each predicted from the graph as it stood at its own start: more "
+        "positives from the same window, as a sequence model learns from every position of a history. Each "
+        "period samples the graph once more on Spark.",
     )
     g.add_argument(
         "--negatives",
@@ -504,6 +515,7 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         validation_share=args.validation_share,
         train_cutoff=train_cutoff,
         next_period_share=args.next_period_share,
+        train_periods=args.train_periods,
         negatives=args.negatives,
         positive_weights=tuple(parse_stage_weights(args.positive_weights, "--positive-weights").items()),
         batch_size=args.batch_size,
@@ -612,6 +624,11 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     period = inputs.next_period
     view = training_view(period.inputs, rows)  # both ends and the negatives as they stood before the cut-off
     pairs = make_next_period_pairs(view, period.user_ids, period.item_ids, period.weights)
+    stacked = stack_periods(
+        view,
+        pairs,
+        [(training_view(p.inputs, rows), p.user_ids, p.item_ids, p.weights) for p in period.earlier],
+    )
     if len(pairs) < 2:
         raise HirError(
             f"only {len(pairs)} next-period engagements after the training cut-off {period.lineage['cutoff']} have "
@@ -623,7 +640,9 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         validation_pairs = make_next_period_pairs(held_view, held.user_ids, held.item_ids, held.weights)
         validation = Validation(held_view, validation_pairs) if validation_pairs else None
     # The pair layout (and so batches per epoch) does not depend on the step count, only on rows and pairs.
-    layout = PairBatches(view, rows, pairs, cfg.batch_size, cfg.negatives, steps=0, seed=cfg.seed)
+    layout = PairBatches(
+        stacked.rows, rows, stacked.pairs, cfg.batch_size, cfg.negatives, 0, cfg.seed, corpus=stacked.corpus
+    )
     steps = cfg.steps or cfg.budget_epochs * layout.batches_per_epoch
     model_config, train_config = build_configs(cfg, rows, content.content_dim if content else 0, steps)
 
@@ -645,9 +664,9 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     elif cfg.warm_start:
         trainer.anchor_to(cfg.warm_start)  # checkpoints do not hold the anchor; the continued version does
     loader = PairBatches(
-        view,
+        stacked.rows,
         rows,
-        pairs,
+        stacked.pairs,
         cfg.batch_size,
         cfg.negatives,
         steps,
@@ -658,6 +677,7 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         # whose rows no pair trains. On Taobao 2017-12-03 they lifted unchanged users' median cosine to yesterday
         # from 0.894 to 0.958 and their level-0 tokens kept from 0.577 to 0.923.
         anchor_users=cfg.batch_size // 4 if trainer.anchor is not None else 0,
+        corpus=stacked.corpus,
     )
     fit_logged(trainer, loader, run_dir, Progress(version, steps, trainer.step, cfg.progress), selection)
     trainer.restore_best()
@@ -685,12 +705,13 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "warm_start": Path(cfg.warm_start).name if cfg.warm_start else None,
         "rows": len(rows),
         "rows_by_type": {t: int((rows.node_type == t).sum()) for t in sorted(set(rows.node_type.tolist()))},
-        "pairs": len(pairs),
+        "pairs": len(stacked.pairs),
+        "pairs_by_period": list(stacked.pairs_by_period),
         "validation_pairs": len(validation_pairs) if validation_pairs else 0,
         "validation_users": int(len(np.unique(validation_pairs.user_id))) if validation_pairs else 0,
-        "pairs_missing_rows": pairs.missing,
+        "pairs_missing_rows": stacked.pairs.missing,
         "pairs_by_weight": {
-            str(w): int(n) for w, n in zip(*np.unique(pairs.weight, return_counts=True), strict=True)
+            str(w): int(n) for w, n in zip(*np.unique(stacked.pairs.weight, return_counts=True), strict=True)
         },
         "next_period": period.lineage,
         "best_validation": (
@@ -748,7 +769,11 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         raise HirError(str(err)) from None
     shutil.rmtree(run_dir, ignore_errors=True)
     log.counts.update(
-        rows_in=len(rows), pairs=len(pairs), steps=trainer.step, collapsed=verdict.collapsed, model=str(path)
+        rows_in=len(rows),
+        pairs=len(stacked.pairs),
+        steps=trainer.step,
+        collapsed=verdict.collapsed,
+        model=str(path),
     )
     log.emit()
     return TrainReport(

@@ -129,6 +129,7 @@ def resolve_inputs(spark, cfg: TrainJobConfig) -> TrainingInputs:
         SampleConfig(ds=cfg.ds),
         neighbourhoods_max_tokens(neighbourhoods),
         cfg.validation_share,
+        cfg.train_periods,
     )
     content = None
     if cfg.use_content and (

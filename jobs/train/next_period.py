@@ -16,6 +16,11 @@ ones from the user's whole history. (Users held out whole measured a model's rea
 not what it serves: on Taobao it ranked a warm start above a cold start that the next day's conversions ranked far
 above it, the cold start's lead being the trained users' repeats.)
 
+With `periods` N > 1 the window also gives up to N - 1 **earlier periods** before the cut-off, each as long in
+funnel events as the next period, latest first: each period's engagements are predicted from the rows of a graph
+built from the events before its own start. A user then trains from several points of its history, as a sequence
+model learns from every position of a sequence instead of its last; the validation stays the next period's end.
+
 The default cut-off leaves the last `share` of the window's funnel events after it, so it works on logs that
 span days (Taobao: a day and a half of positives) and on logs of hours (REES46: cut inside the day). Only events
 up to the day's end are read: nothing after ds reaches training.
@@ -59,6 +64,18 @@ class HeldOut:
 
 
 @dataclass(frozen=True)
+class EarlierPeriod:
+    """A period before the next one, as long in funnel events: its engagements (at or after `cutoff`, before the
+    next period's start) and the users' and items' rows sampled from the events before `cutoff`."""
+
+    cutoff: dt.datetime  # naive UTC
+    inputs: NeighbourhoodRows
+    user_ids: np.ndarray  # (P,) one per (user, item, stage)
+    item_ids: np.ndarray
+    weights: np.ndarray  # (P,) stage weight
+
+
+@dataclass(frozen=True)
 class NextPeriod:
     """What the trainer needs from Spark for the next-period objective."""
 
@@ -71,6 +88,9 @@ class NextPeriod:
     weights: np.ndarray  # (P,) stage weight
     lineage: dict
     validation: HeldOut | None = None  # None: nothing held out (share 0, or the period has one instant)
+    earlier: tuple[
+        EarlierPeriod, ...
+    ] = ()  # latest first: more positives from the same window (--train-periods)
 
 
 def parse_cutoff(value: str) -> dt.datetime | None:
@@ -116,6 +136,7 @@ def next_period(
     sample: SampleConfig,
     max_tokens: int,
     validation_share: float = 0.0,
+    periods: int = 1,
 ) -> NextPeriod:
     """Cut-off, the users' input rows before it and the positives after it, the last `validation_share` of them
     held out (see the module docstring).
@@ -133,6 +154,7 @@ def next_period(
         (sample.k1, sample.k2, sample.user_k1, sample.seed, sample.salts),
         max_tokens,
         validation_share,
+        periods,
     )
     if key in _BUILT:
         return _BUILT[key]
@@ -174,6 +196,9 @@ def next_period(
                 *engaged,
             )
     user_ids, item_ids, weights, by_stage = engagements(trained, positive_weights)
+    earlier = earlier_periods(
+        events, entities, cutoff, periods - 1, positive_weights, warehouse, sample, max_tokens
+    )
     lineage = {
         "cutoff": cutoff.isoformat() + "Z",
         "cutoff_rule": rule,
@@ -186,8 +211,51 @@ def next_period(
         "validation_share": validation_share,
         "validation_by_stage": validation_by_stage,
     }
-    _BUILT[key] = NextPeriod(cutoff, inputs, user_ids, item_ids, weights, lineage, held_out)
+    if periods > 1:
+        lineage["earlier_periods"] = [
+            {
+                "cutoff": p.cutoff.isoformat() + "Z",
+                "positives": len(p.user_ids),
+                "input_users": int((p.inputs.node_type == "user").sum()),
+            }
+            for p in earlier
+        ]
+    _BUILT[key] = NextPeriod(cutoff, inputs, user_ids, item_ids, weights, lineage, held_out, tuple(earlier))
     return _BUILT[key]
+
+
+def earlier_periods(
+    events: DataFrame,
+    entities: DataFrame,
+    cutoff: dt.datetime,
+    count: int,
+    positive_weights: Mapping[str, float],
+    warehouse: str,
+    sample: SampleConfig,
+    max_tokens: int,
+) -> list[EarlierPeriod]:
+    """Up to `count` periods before `cutoff`, latest first, each holding as many funnel events as the window
+    holds from `cutoff` on, and each predicted from the graph of the events before its own start: the positives
+    of a sequence model that learns from every position of a history, not only its end. Stops early when the
+    window runs out of events (the first period must leave some history before it)."""
+    out: list[EarlierPeriod] = []
+    length = events.where(F.col("event_time") >= F.lit(cutoff).cast("timestamp")).count()
+    end = cutoff
+    for _ in range(count):
+        before = events.where(F.col("event_time") < F.lit(end).cast("timestamp"))
+        available = before.count()
+        if available <= length:
+            break
+        start = auto_cutoff(before, length / available)
+        period_events = before.where(F.col("event_time") >= F.lit(start).cast("timestamp"))
+        history = before.where(F.col("event_time") < F.lit(start).cast("timestamp"))
+        if history.limit(1).count() == 0:
+            break
+        inputs = input_rows(history, entities, start.date(), warehouse, sample, max_tokens)
+        user_ids, item_ids, weights, _ = engagements(period_events, positive_weights)
+        out.append(EarlierPeriod(start, inputs, user_ids, item_ids, weights))
+        end = start
+    return out
 
 
 def input_rows(

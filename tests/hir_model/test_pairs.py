@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hir_model.data import NeighbourhoodRows
-from hir_model.pairs import PairBatches, make_next_period_pairs, training_view
+from hir_model.pairs import PairBatches, make_next_period_pairs, stack_periods, training_view
 from hir_model.selection import Validation
 from schemas.codes import EDGE_TYPES, NODE_TYPES
 
@@ -236,3 +236,59 @@ def test_warm_batches_draw_served_user_rows_for_the_stability_term_seeded_by_the
     assert sorted(every.anchor_users.node_id[:, 0].tolist()) == [1, 2, 4]
     with pytest.raises(ValueError, match="anchor_users"):
         PairBatches(INPUTS, served, pairs, batch_size=2, negatives=1, steps=1, seed=4, anchor_users=-1)
+
+
+# An earlier period: before it user 1 had viewed nothing but item 13 and user 2 had no history; in it user 1
+# viewed item 10 and user 2 carted item 11 (dropped: no history to predict from).
+EARLIER = rows_of(
+    {
+        1: ("user", [(13, "item", "user_view_item", 1, 0)]),
+        2: ("user", []),
+        10: ("item", [(50, "category", "item_in_category", 1, 0)]),
+        11: ("item", []),
+        13: ("item", [(1, "user", "item_viewed_by_user", 1, 0)]),
+    }
+)
+
+
+def test_stacked_periods_read_each_pair_as_its_period_saw_it_and_draw_negatives_from_the_latest_only() -> (
+    None
+):
+    latest = make_next_period_pairs(INPUTS, np.array([1, 2]), np.array([11, 13]), np.array([1.0, 3.0]))
+    stacked = stack_periods(
+        INPUTS, latest, [(EARLIER, np.array([1, 2]), np.array([10, 11]), np.array([1.0, 3.0], np.float32))]
+    )
+    assert stacked.pairs_by_period == (2, 1)
+    pairs, rows = stacked.pairs, stacked.rows
+    # Real ids for the masks, each end's row as its own period saw it: user 1's earlier row holds item 13 only.
+    assert sorted(
+        zip(pairs.user_id.tolist(), pairs.item_id.tolist(), pairs.weight.tolist(), strict=True)
+    ) == [
+        (1, 10, 1.0),
+        (1, 11, 1.0),
+        (2, 13, 3.0),
+    ]
+    earlier = int(np.flatnonzero(pairs.item_id == 10)[0])
+    user_tokens = rows.columns["token_node_id"][pairs.user_row[earlier]]
+    assert user_tokens[: rows.columns["num_tokens"][pairs.user_row[earlier]]].tolist() == [1, 13]
+    item_tokens = rows.columns["token_node_id"][pairs.item_row[earlier]]
+    assert item_tokens[: rows.columns["num_tokens"][pairs.item_row[earlier]]].tolist() == [10, 50]
+    later = int(np.flatnonzero(pairs.item_id == 11)[0])
+    assert rows.columns["token_node_id"][pairs.user_row[later]][:2].tolist() == [1, 10]
+    # Negatives: the latest view's four items, never an earlier period's copy of one.
+    assert sorted(rows.columns["token_node_id"][stacked.corpus, 0].tolist()) == [10, 11, 12, 13]
+    loader = PairBatches(rows, SERVED, pairs, 3, 4, 1, 0, corpus=stacked.corpus)
+    batch = next(iter(loader))
+    assert sorted(batch.negatives.node_id[:, 0].tolist()) == [10, 11, 12, 13]
+    # A user's positive of any period is masked from its negatives: user 1's items 10 and 11.
+    user_1 = np.flatnonzero(batch.users.node_id[:, 0].numpy() == 1)
+    masked = batch.negative_mask[user_1].any(dim=0).numpy()
+    assert sorted(batch.negatives.node_id[masked, 0].tolist()) == [10, 11]
+
+
+def test_one_period_stacks_to_the_pairs_themselves() -> None:
+    latest = make_next_period_pairs(INPUTS, np.array([1, 2]), np.array([11, 13]), np.array([1.0, 3.0]))
+    stacked = stack_periods(INPUTS, latest, [])
+    assert stacked.rows is INPUTS and stacked.pairs_by_period == (2,)
+    np.testing.assert_array_equal(stacked.pairs.user_row, latest.user_row)
+    np.testing.assert_array_equal(stacked.corpus, np.flatnonzero(INPUTS.node_type == "item"))

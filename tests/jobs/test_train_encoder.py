@@ -286,6 +286,7 @@ def test_model_directory_is_complete_and_loads_weights_only(trained, tables) -> 
     # 6 users + 6 items + 2 categories of the day in version a; not version b's 3 + 2 + 1.
     assert summary["rows"] == 14
     assert summary["pairs"] == 6 and summary["pairs_missing_rows"] == 1  # user 107 has no row
+    assert summary["pairs_by_period"] == [6]  # one period: no earlier one asked for
     q = summary["quantiser"]
     assert q["levels"] == 2 and q["codes_per_level"] == 3  # sqrt(14) rounded down
     assert len(q["usage"]) == 2 and 0 <= q["collision_rate"] <= 1 and len(q["entropy_normalised"]) == 2
@@ -399,6 +400,20 @@ def test_the_end_of_the_next_period_is_held_out_by_time_with_rows_sampled_before
     whole = next_period(spark, str(warehouse), DAY, cutoff, 0.2, weights, SampleConfig(ds=DAY), L, 0.0)
     assert whole.validation is None and whole.lineage["validation_cutoff"] is None
     assert engaged(whole.user_ids, whole.item_ids, whole.weights) == sorted(at_hour(12) + at_hour(18))
+    # Three periods asked from a 15:00 cut-off: the one after it (18:00), one as long in events before it, from
+    # 09:00 (the 12:00 events, predicted from the rows before 09:00), and no third: what is left before 09:00 is
+    # no longer than a period.
+    periods = next_period(
+        spark, str(warehouse), DAY, dt.datetime(2026, 1, 7, 15), 0.2, weights, SampleConfig(ds=DAY), L, 0.0, 3
+    )
+    assert engaged(periods.user_ids, periods.item_ids, periods.weights) == at_hour(18)
+    (earlier,) = periods.earlier
+    assert earlier.cutoff == dt.datetime(2026, 1, 7, 9)
+    assert engaged(earlier.user_ids, earlier.item_ids, earlier.weights) == at_hour(12)
+    assert items_of(earlier.inputs, 101) == {n(201)} and items_of(periods.inputs, 101) == {n(201), n(204)}
+    assert periods.lineage["earlier_periods"] == [
+        {"cutoff": "2026-01-07T09:00:00Z", "positives": 3, "input_users": 3}
+    ]
 
 
 def test_an_existing_version_is_never_overwritten(trained, tables, capsys) -> None:
@@ -487,6 +502,7 @@ def test_resume_refuses_without_checkpoint_or_with_other_flags(tables, inputs_a)
         (["--stability-weight", "-0.5"], "--stability-weight must be 0 or more"),
         (["--stability-weight", "nan"], "--stability-weight must be 0 or more"),
         (["--codebook-tolerance", "0.9"], "--codebook-tolerance must be 1 or more"),
+        (["--train-periods", "0"], "invalid positive integer value"),
     ],
 )
 def test_bad_flags_fail_in_one_line(tmp_path, capsys, extra, message) -> None:
