@@ -88,9 +88,8 @@ class NextPeriod:
     weights: np.ndarray  # (P,) stage weight
     lineage: dict
     validation: HeldOut | None = None  # None: nothing held out (share 0, or the period has one instant)
-    earlier: tuple[
-        EarlierPeriod, ...
-    ] = ()  # latest first: more positives from the same window (--train-periods)
+    # Latest first: more positives from the same window (hir train --train-periods); () for the next period alone.
+    earlier: tuple[EarlierPeriod, ...] = ()
 
 
 def parse_cutoff(value: str) -> dt.datetime | None:
