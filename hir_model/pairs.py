@@ -119,33 +119,34 @@ def stack_periods(
     """One training set from the latest period's view and pairs and earlier periods' (view, user ids, item ids,
     weights), latest first. An earlier pair reads its user and its item as they stood at its period's start, so the
     model learns from every position of the window's history; negatives are drawn from the latest view only."""
-    parts, extra = [latest], []
-    for period, (view, user_ids, item_ids, weights) in enumerate(earlier, start=1):
-        own = make_next_period_pairs(view, user_ids, item_ids, weights)
-        used = np.unique(np.concatenate([own.user_row, own.item_row]))
-        taken = view.take(used)
-        parts.append(NeighbourhoodRows(_period_keys(taken.node_id, period), taken.node_type, taken.columns))
-        extra.append((period, own))
-    rows = NeighbourhoodRows.concat(parts) if extra else latest
-    stacked = [make_next_period_pairs(rows, latest_pairs.user_id, latest_pairs.item_id, latest_pairs.weight)]
-    for period, own in extra:
-        keyed = make_next_period_pairs(
-            rows, _period_keys(own.user_id, period), _period_keys(own.item_id, period), own.weight
+    if not earlier:
+        return StackedPairs(
+            latest, latest_pairs, np.flatnonzero(latest.node_type == "item"), (len(latest_pairs),)
         )
-        stacked.append(
-            dataclasses.replace(
-                keyed,
-                user_id=_period_keys(keyed.user_id, period),
-                item_id=_period_keys(keyed.item_id, period),
-            )
-        )
+    periods = [(latest, latest_pairs)]
+    periods += [(view, make_next_period_pairs(view, u, i, w)) for view, u, i, w in earlier]
+    # Period k's rows keyed by _period_keys(id, k): period 0's keys are its ids, so the latest view stays whole
+    # and real; an earlier period brings only the rows its pairs read.
+    parts = [latest]
+    for k, (view, own) in enumerate(periods[1:], start=1):
+        taken = view.take(np.unique(np.concatenate([own.user_row, own.item_row])))
+        parts.append(NeighbourhoodRows(_period_keys(taken.node_id, k), taken.node_type, taken.columns))
+    rows = NeighbourhoodRows.concat(parts)
+
+    def in_rows(view: NeighbourhoodRows, own: NextPeriodPairs, k: int) -> NextPeriodPairs:
+        """The pairs with their rows moved from the period's view to the stacked rows (ids stay real)."""
+        moved = [rows.index_of(_period_keys(view.node_id[r], k)) for r in (own.user_row, own.item_row)]
+        return dataclasses.replace(own, user_row=moved[0], item_row=moved[1])
+
+    stacked = [in_rows(view, own, k) for k, (view, own) in enumerate(periods)]
+    fields = ("user_id", "item_id", "weight", "user_row", "item_row")
     pairs = NextPeriodPairs(
-        *(np.concatenate([getattr(p, f) for p in stacked]) for f in ("user_id", "item_id", "weight")),
-        *(np.concatenate([getattr(p, f) for p in stacked]) for f in ("user_row", "item_row")),
-        missing=latest_pairs.missing + sum(own.missing for _, own in extra),
+        *(np.concatenate([getattr(p, f) for p in stacked]) for f in fields),
+        missing=sum(p.missing for p in stacked),
     )
+    # The latest items' rows, in order: their ids are sorted, and so are the stacked rows'.
     corpus = rows.index_of(latest.node_id[latest.node_type == "item"])
-    return StackedPairs(rows, pairs, np.sort(corpus), tuple(len(p) for p in stacked))
+    return StackedPairs(rows, pairs, corpus, tuple(len(p) for p in stacked))
 
 
 @dataclass(frozen=True)

@@ -624,16 +624,16 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     period = inputs.next_period
     view = training_view(period.inputs, rows)  # both ends and the negatives as they stood before the cut-off
     pairs = make_next_period_pairs(view, period.user_ids, period.item_ids, period.weights)
-    stacked = stack_periods(
-        view,
-        pairs,
-        [(training_view(p.inputs, rows), p.user_ids, p.item_ids, p.weights) for p in period.earlier],
-    )
     if len(pairs) < 2:
         raise HirError(
             f"only {len(pairs)} next-period engagements after the training cut-off {period.lineage['cutoff']} have "
             "a user with earlier history and an item of the day; move --train-cutoff earlier"
         )
+    stacked = stack_periods(
+        view,
+        pairs,
+        [(training_view(p.inputs, rows), p.user_ids, p.item_ids, p.weights) for p in period.earlier],
+    )
     validation_pairs, validation = None, None
     if held := period.validation:
         held_view = training_view(held.inputs, rows)

@@ -238,6 +238,8 @@ def earlier_periods(
     of a sequence model that learns from every position of a history, not only its end. Stops early when the
     window runs out of events (the first period must leave some history before it)."""
     out: list[EarlierPeriod] = []
+    if count < 1:  # the default: no Spark job at all
+        return out
     length = events.where(F.col("event_time") >= F.lit(cutoff).cast("timestamp")).count()
     end = cutoff
     for _ in range(count):
