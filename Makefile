@@ -9,6 +9,12 @@ JARS := .jars
 DELTA_VERSION := 4.4.0
 DELTA_SPARK_ARTIFACT := io.delta:delta-spark_4.0_2.13:$(DELTA_VERSION)
 DELTA_STORAGE_ARTIFACT := io.delta:delta-storage:$(DELTA_VERSION)
+# s3a:// warehouses: Hadoop's S3A connector at the Hadoop version pyspark bundles (hadoop-client-api-3.4.1.jar) and
+# the AWS SDK bundle that hadoop-aws 3.4.1 is built against (558 MB, fetched once). s3proxy (an S3 server on a
+# folder) is for the tests only.
+HADOOP_AWS_ARTIFACT := org.apache.hadoop:hadoop-aws:3.4.1
+AWS_SDK_ARTIFACT := software.amazon.awssdk:bundle:2.24.6
+S3PROXY_ARTIFACT := org.gaul:s3proxy:2.6.0:jar:jar-with-dependencies
 WAREHOUSE ?= warehouse
 SHARED_DATA ?= ../shared/data
 PYTEST_ARGS ?=
@@ -44,6 +50,9 @@ $(JARS)/.fetched: Makefile
 	mkdir -p $(JARS)
 	mvn -q -B dependency:copy -Dartifact=$(DELTA_SPARK_ARTIFACT) -DoutputDirectory=$(JARS)
 	mvn -q -B dependency:copy -Dartifact=$(DELTA_STORAGE_ARTIFACT) -DoutputDirectory=$(JARS)
+	mvn -q -B dependency:copy -Dartifact=$(HADOOP_AWS_ARTIFACT) -DoutputDirectory=$(JARS)
+	mvn -q -B dependency:copy -Dartifact=$(AWS_SDK_ARTIFACT) -DoutputDirectory=$(JARS)
+	mvn -q -B dependency:copy -Dartifact=$(S3PROXY_ARTIFACT) -DoutputDirectory=$(JARS)
 	touch $@
 
 setup: $(VENV)/.installed $(JARS)/.fetched $(VENV_AIRFLOW)/.installed ## Create .venv and .venv-airflow with pinned packages and fetch the Delta jars (idempotent)

@@ -1,7 +1,10 @@
-"""The one error type a job turns into a one-line message and a non-zero exit."""
+"""The one error type a job turns into a one-line message and a non-zero exit.
+
+Defined in hir_model (whose storage layer raises it too, without importing the jobs) and re-exported here, where
+the jobs have always taken it from."""
 
 from __future__ import annotations
 
+from hir_model.errors import HirError
 
-class HirError(Exception):
-    """A user-facing failure: bad flag, bad path, bad input, refused write. The message is one line."""
+__all__ = ["HirError"]

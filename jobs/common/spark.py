@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+from hir_model import storage
 from jobs.common.errors import HirError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +57,15 @@ def delta_jars() -> list[Path]:
             f"Delta jars not found in {folder}: run `make setup` (or pass them with spark-submit --jars)"
         )
     return jars
+
+
+def s3a_jars() -> list[Path]:
+    """Hadoop's S3A connector and the AWS SDK bundle it needs, when `make setup` fetched them (else [])."""
+    folder = jars_dir()
+    if not folder.is_dir():
+        return []
+    jars = sorted(folder.glob("hadoop-aws-*.jar")) + sorted(folder.glob("bundle-*.jar"))
+    return jars if len(jars) == 2 else []
 
 
 def check_versions(spark_version: str, jar_names: list[str]) -> None:
@@ -109,6 +119,13 @@ def get_spark(
         builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
     else:
         jar_names = [Path(p).name for p in given.get("spark.jars").split(",")]
+    s3a = s3a_jars()
+    if s3a and not under_submit and not given.contains("spark.driver.extraClassPath"):
+        # On the class path, not in spark.jars: spark.jars would copy the 558 MB SDK bundle into every session's
+        # work folder. Local and standalone executors on this machine read the same files.
+        classpath = os.pathsep.join(str(j) for j in s3a)
+        builder = builder.config("spark.driver.extraClassPath", classpath)
+        builder = builder.config("spark.executor.extraClassPath", classpath)
     for key, value in {**_DEFAULT_CONFS, **_DELTA_CONFS}.items():
         if key in _DELTA_CONFS or not given.contains(key):
             builder = builder.config(key, value)
@@ -123,6 +140,8 @@ def get_spark(
 
     check_versions(pyspark.__version__, jar_names)
     spark = builder.getOrCreate()
+    # Model versions, lineage, indexes and reports reach s3a:// with the S3A settings the tables use.
+    storage.configure_from_hadoop(spark.sparkContext._jsc.hadoopConfiguration())
     level = os.environ.get("HIR_SPARK_LOG_LEVEL", "WARN")
     spark.sparkContext.setLogLevel(level)
     _quiet_query_context_logs(level)
