@@ -14,7 +14,7 @@ DELTA_STORAGE_ARTIFACT := io.delta:delta-storage:$(DELTA_VERSION)
 # folder) is for the tests only.
 HADOOP_AWS_ARTIFACT := org.apache.hadoop:hadoop-aws:3.4.1
 AWS_SDK_ARTIFACT := software.amazon.awssdk:bundle:2.24.6
-S3PROXY_ARTIFACT := org.gaul:s3proxy:2.6.0:jar:jar-with-dependencies
+S3PROXY_ARTIFACT := org.gaul:s3proxy:4.1.0:jar:jar-with-dependencies
 WAREHOUSE ?= warehouse
 SHARED_DATA ?= ../shared/data
 PYTEST_ARGS ?=

@@ -55,6 +55,15 @@ def is_local(uri: str | Path) -> bool:
     return scheme(uri) in ("", "file")
 
 
+def on_this_machine(uri: str | Path) -> bool:
+    """True for plain paths and file:// URIs, False for any other URI, even one this module does not open (a
+    gs:// input is Spark's to read): for code that only has something to do with local files."""
+    try:
+        return is_local(uri)
+    except HirError:
+        return False
+
+
 def local_path(uri: str | Path) -> Path:
     """The local path of a plain path or file:// URI (absolute)."""
     if not is_local(uri):
@@ -141,6 +150,24 @@ class S3Settings:
             options.update(access_key=self.access_key, secret_key=self.secret_key)
             if self.session_token:
                 options["session_token"] = self.session_token
+        return options
+
+    def deltalake_options(self) -> dict[str, str]:
+        """`storage_options` for delta-rs (`deltalake.DeltaTable(uri, storage_options=...)`), the reader of
+        ranking teams without Spark. Unset values are left to the AWS environment, as for Spark and pyarrow."""
+        options: dict[str, str] = {}
+        if self.endpoint:
+            parsed = urlparse(self.endpoint if "://" in self.endpoint else "//" + self.endpoint)
+            tls = parsed.scheme == "https" if parsed.scheme else self.ssl
+            options["AWS_ENDPOINT_URL"] = f"{'https' if tls else 'http'}://{parsed.netloc}"
+            options["AWS_ALLOW_HTTP"] = "false" if tls else "true"
+            options["AWS_REGION"] = self.region or "us-east-1"
+        elif self.region:
+            options["AWS_REGION"] = self.region
+        if self.access_key and self.secret_key:
+            options.update(AWS_ACCESS_KEY_ID=self.access_key, AWS_SECRET_ACCESS_KEY=self.secret_key)
+            if self.session_token:
+                options["AWS_SESSION_TOKEN"] = self.session_token
         return options
 
 

@@ -562,7 +562,7 @@ def format_counts(counts: Mapping[str, int]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
-    spark = get_spark("hir-build-graph")
+    spark = get_spark("hir-build-graph", places={"--warehouse": cfg.warehouse})
     report = build_graph(spark, cfg)
     print(report.line())
     print(f"  nodes: {format_counts(report.nodes)}")

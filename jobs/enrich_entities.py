@@ -231,7 +231,7 @@ def enrich(spark: SparkSession, cfg: EnrichConfig) -> EnrichReport:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
-    report = enrich(get_spark("hir-enrich"), cfg)
+    report = enrich(get_spark("hir-enrich", places={"--warehouse": cfg.warehouse}), cfg)
     print(
         f"enrich {cfg.ds}: {report.nodes} nodes, {report.embedded} embedded ({report.texts} distinct texts), "
         f"{report.unchanged} unchanged"

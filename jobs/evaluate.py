@@ -47,7 +47,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from jobs.common.args import JobArgumentParser, add_warehouse_flag, run_job
+from hir_model import storage
+from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_place, run_job
 from jobs.common.delta import read_table, sql_in, table_exists, table_path, write_table
 from jobs.common.errors import HirError
 from jobs.common.spark import get_spark
@@ -102,11 +103,11 @@ class EvalConfig:
 
     @property
     def name(self) -> str:
-        return self.dataset or Path(self.warehouse).resolve().name
+        return self.dataset or storage.name(storage.normalise(self.warehouse))
 
     @property
     def history_warehouse(self) -> str:
-        return str(Path(self.warehouse) / "eval" / self.protocol)
+        return storage.join(self.warehouse, "eval", self.protocol)
 
 
 @dataclass
@@ -117,7 +118,7 @@ class EvalReport:
     model_version: str
     rows: list[dict]
     context: dict
-    report_path: Path
+    report_path: str
     seconds: float = 0.0
     version: int | None = None
     history_stages: dict[str, str] = field(default_factory=dict)  # history pipeline: stage -> ran/skipped
@@ -248,7 +249,11 @@ def build_parser() -> JobArgumentParser:
         help="Ranking task: each generator's top N joins the candidates (co-visitation, ALS, popularity, "
         "category popularity, HIR). Default 50: a retrieval stage's usual list per source.",
     )
-    p.add_argument("--report-dir", help="Report folder. Default <warehouse>/reports/<protocol>/<ds>.")
+    p.add_argument(
+        "--report-dir",
+        type=parse_place,
+        help="Report folder (path or URI). Default <warehouse>/reports/<protocol>/<ds>.",
+    )
     return p
 
 
@@ -281,8 +286,10 @@ def config_from_args(argv: Sequence[str] | None) -> EvalConfig:
                 "--task ranking needs hir and at least one of "
                 f"{', '.join(RANKING_BASE_GENERATORS)} in --methods (its candidates and base features)"
             )
-    if not Path(a.warehouse).is_dir():
-        raise HirError(f"warehouse not found: {a.warehouse}")
+    if storage.on_this_machine(a.warehouse) and not storage.local_path(a.warehouse).is_dir():
+        raise HirError(
+            f"warehouse not found: {a.warehouse}"
+        )  # a remote one: checked when Spark has its settings
     cfg = EvalConfig(
         warehouse=a.warehouse,
         protocol=a.protocol,
@@ -938,9 +945,7 @@ def evaluate(spark: SparkSession, cfg: EvalConfig) -> EvalReport:
             if r.collapsed
         ),
     ]
-    folder = (
-        Path(cfg.report_dir) if cfg.report_dir else Path(cfg.warehouse) / "reports" / cfg.protocol / str(ds)
-    )
+    folder = cfg.report_dir or storage.join(cfg.warehouse, "reports", cfg.protocol, str(ds))
     path = write_report(
         folder,
         retrieval_rows,
@@ -993,7 +998,7 @@ def write_metrics(spark: SparkSession, cfg: EvalConfig, ds: dt.date, rows: list[
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
-    report = evaluate(get_spark("hir-evaluate"), cfg)
+    report = evaluate(get_spark("hir-evaluate", places={"--warehouse": cfg.warehouse}), cfg)
     print(report.line())
     return 0
 

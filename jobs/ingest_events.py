@@ -283,7 +283,7 @@ def _write(spark: SparkSession, cfg: IngestConfig, frame: DataFrame, log: StageL
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
-    spark = get_spark(f"hir-ingest-{cfg.source}")
+    spark = get_spark(f"hir-ingest-{cfg.source}", places={"--warehouse": cfg.warehouse})
     report = ingest(spark, cfg)
     print(report.line())
     if report.reject_reasons:

@@ -22,14 +22,14 @@ import datetime as dt
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
+from hir_model import storage
+from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, parse_place, run_job
 from jobs.common.delta import read_table, write_table
 from jobs.common.errors import HirError
 from jobs.common.stage import StageLog
@@ -50,8 +50,8 @@ class DriftConfig:
     report_dir: str | None = None  # default <warehouse>/reports/drift
 
     @property
-    def reports(self) -> Path:
-        return Path(self.report_dir) if self.report_dir else Path(self.warehouse) / "reports" / "drift"
+    def reports(self) -> str:
+        return self.report_dir or storage.join(self.warehouse, "reports", "drift")
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,11 @@ def build_parser() -> JobArgumentParser:
         help="Most entities per type searched for those neighbours, by hash order (default 100k: two exact "
         "searches of 1000 queries stay a few seconds on the driver).",
     )
-    p.add_argument("--report-dir", help="Folder of the drift report. Default <warehouse>/reports/drift.")
+    p.add_argument(
+        "--report-dir",
+        type=parse_place,
+        help="Folder (path or URI) of the drift report. Default <warehouse>/reports/drift.",
+    )
     return p
 
 
@@ -219,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
     from jobs.common.spark import get_spark
 
-    report = measure(get_spark(f"hir-drift-{cfg.ds}"), cfg)
+    report = measure(get_spark(f"hir-drift-{cfg.ds}", places={"--warehouse": cfg.warehouse}), cfg)
     print(report.line())
     if report.report_path:
         print(f"report: {report.report_path}")

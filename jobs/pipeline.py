@@ -61,16 +61,17 @@ import importlib
 import json
 import os
 import shlex
+import socket
 import sys
 import time
 import tomllib
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
-from urllib.parse import urlparse
 
+from hir_model import storage
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
 from jobs.common.code import code_version
 from jobs.common.delta import table_exists, table_version
@@ -94,6 +95,8 @@ from schemas.tables import (
 )
 
 LINEAGE_DIR = "_pipeline"  # under the warehouse: one lineage record per day, <ds>.json
+# A remote day lock older than this belongs to a killed run (a day takes minutes to hours, not a day).
+REMOTE_LOCK_STALE_SECONDS = 24 * 3600
 LINEAGE_FORMAT = 1
 PREVIOUS_MODEL = "train of ds-1"  # key of the model the day before trained, beside the day's own artifacts
 
@@ -190,7 +193,7 @@ def _train(spark, job, cfg):
 
 
 def _model_gone(artifact: str) -> str | None:
-    return None if (Path(artifact) / "weights.pt").is_file() else f"model {artifact} is gone"
+    return None if storage.is_file(storage.join(artifact, "weights.pt")) else f"model {artifact} is gone"
 
 
 def _embed(spark, job, cfg):
@@ -209,14 +212,19 @@ def _index_gone(artifact: str) -> str | None:
     """The recorded index version must still exist and still be the one LATEST names."""
     from jobs.index.publish import LATEST, MANIFEST_FILE
 
-    version = Path(artifact)
-    if not (version / MANIFEST_FILE).is_file():
-        return f"index version {version} is gone"
-    pointer = version.parent.parent / LATEST
-    live = pointer.read_text().strip() if pointer.is_file() else None
-    if live != f"{version.parent.name}/{version.name}":
-        return f"{pointer} now points to {live}, not {version.parent.name}/{version.name}"
+    if not storage.is_file(storage.join(artifact, MANIFEST_FILE)):
+        return f"index version {artifact} is gone"
+    day = storage.parent(artifact)
+    pointer = storage.join(storage.parent(day), LATEST)
+    live = storage.read_text(pointer).strip() if storage.is_file(pointer) else None
+    named = f"{storage.name(day)}/{storage.name(artifact)}"
+    if live != named:
+        return f"{pointer} now points to {live}, not {named}"
     return None
+
+
+def _report_gone(artifact: str) -> str | None:
+    return None if storage.exists(artifact) else f"report {artifact} is gone"
 
 
 def _evaluate(spark, job, cfg):
@@ -278,7 +286,7 @@ STAGES: tuple[Stage, ...] = (
         run=_train,
         summary=lambda r: (r.summary["rows"], "rows", r.line()),
         problem=lambda r: f"model {r.version} COLLAPSED: {r.collapse_detail}" if r.failed else None,
-        artifact=lambda cfg, r: str(Path(r.path).resolve()),
+        artifact=lambda cfg, r: storage.normalise(r.path),
         artifact_gone=_model_gone,
     ),
     Stage(
@@ -301,8 +309,8 @@ STAGES: tuple[Stage, ...] = (
         run=_drift,
         summary=lambda r: (len(r.rows), "drift rows", r.line()),
         problem=lambda r: r.problem,  # over --max-drift: the day stops here, before its index is published
-        artifact=lambda cfg, r: str(Path(r.report_path).resolve()) if r.report_path else None,
-        artifact_gone=lambda artifact: None if Path(artifact).exists() else f"report {artifact} is gone",
+        artifact=lambda cfg, r: storage.normalise(r.report_path) if r.report_path else None,
+        artifact_gone=_report_gone,
     ),
     Stage(
         "build-index",
@@ -311,7 +319,7 @@ STAGES: tuple[Stage, ...] = (
         writes=(),
         run=_build_index,
         summary=lambda r: (r.manifest["count"], "vectors", r.line()),
-        artifact=lambda cfg, r: str(Path(r.version_dir).resolve()),
+        artifact=lambda cfg, r: storage.normalise(r.version_dir),
         artifact_gone=_index_gone,
     ),
     Stage(
@@ -323,10 +331,8 @@ STAGES: tuple[Stage, ...] = (
         writes=(EVAL_METRICS,),
         run=_evaluate,
         summary=lambda r: (_count(getattr(r, "rows", None)), "metrics", r.line()),
-        artifact=lambda cfg, r: (
-            str(Path(r.report_path).resolve()) if getattr(r, "report_path", None) else None
-        ),
-        artifact_gone=lambda artifact: None if Path(artifact).exists() else f"report {artifact} is gone",
+        artifact=lambda cfg, r: storage.normalise(r.report_path) if getattr(r, "report_path", None) else None,
+        artifact_gone=_report_gone,
         daily=False,  # decided from its parser: see stage_argv
         opt_in=True,
         check_early=False,  # its flags check that the warehouse exists, which ingest may not have created yet
@@ -585,12 +591,11 @@ def stage_argv(stage: Stage, cfg: PipelineConfig, artifacts: Mapping[str, str | 
 
 def plan(cfg: PipelineConfig) -> list[Stage]:
     """The selected stages, each one's flags parsed by its own job (a bad flag fails here, naming the stage)."""
-    _local_warehouse(cfg.warehouse)
     stages = selected(cfg)
     if not stages:
         raise HirError("no stage selected: check --from-stage/--until-stage")
     for stage in stages:
-        if stage.check_early or _local_warehouse(cfg.warehouse).is_dir():
+        if stage.check_early or storage.is_dir(cfg.warehouse):
             argv = stage_argv(stage, cfg, {})
             try:
                 stage.config(argv)
@@ -599,16 +604,6 @@ def plan(cfg: PipelineConfig) -> list[Stage]:
         else:
             stage.job()  # at least importable
     return stages
-
-
-def _local_warehouse(warehouse: str) -> Path:
-    parsed = urlparse(str(warehouse))
-    if parsed.scheme not in ("", "file"):
-        raise HirError(
-            f"hir pipeline keeps its lineage beside the tables and needs a local/POSIX --warehouse, got "
-            f"'{warehouse}' (run the jobs one by one on an object store)"
-        )
-    return Path(parsed.path if parsed.scheme == "file" else warehouse)
 
 
 # -- lineage -------------------------------------------------------------------------------------------------
@@ -625,11 +620,10 @@ def file_stamps(paths: Sequence[str]) -> dict[str, list[int] | None]:
     """'file:<absolute path>' -> [size, mtime_ns] of every file (folders walked); None for what cannot be read."""
     stamps: dict[str, list[int] | None] = {}
     for given in paths:
-        parsed = urlparse(given)
-        if parsed.scheme not in ("", "file"):
+        if not storage.on_this_machine(given):  # a remote input is named, not stamped
             stamps[f"file:{given}"] = None
             continue
-        path = Path(parsed.path if parsed.scheme == "file" else given).resolve()
+        path = storage.local_path(given)
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
         if not files:
             stamps[f"file:{path}"] = None
@@ -647,17 +641,20 @@ def table_versions(spark, specs: Sequence[TableSpec], warehouse: str) -> dict[st
     }
 
 
-def lineage_path(warehouse: str, ds: dt.date) -> Path:
-    return _local_warehouse(warehouse) / LINEAGE_DIR / f"{ds.isoformat()}.json"
+def lineage_path(warehouse: str, ds: dt.date) -> str:
+    return storage.join(warehouse, LINEAGE_DIR, f"{ds.isoformat()}.json")
 
 
 def read_lineage(warehouse: str, ds: dt.date) -> dict[str, dict[str, Any]]:
     """The stage records of a day ({} when the day never ran); a damaged file is a one-line error."""
     path = lineage_path(warehouse, ds)
-    if not path.exists():
-        return {}
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(storage.read_text(path))
+    except FileNotFoundError:
+        return {}
+    except ValueError:
+        doc = None
+    try:
         return dict(doc["stages"])
     except (ValueError, KeyError, TypeError):
         raise HirError(
@@ -666,26 +663,25 @@ def read_lineage(warehouse: str, ds: dt.date) -> dict[str, dict[str, Any]]:
 
 
 def write_lineage(warehouse: str, ds: dt.date, stages: Mapping[str, dict[str, Any]]) -> None:
-    """Replace the day's record atomically (temp file, fsync, os.replace): a kill leaves the old one."""
-    path = lineage_path(warehouse, ds)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace the day's record atomically (`storage.write_text`: a local temp file and os.replace, one PUT on an
+    object store): a kill leaves the old record."""
     doc = {
         "format": LINEAGE_FORMAT,
         "ds": ds.isoformat(),
         "stages": {n: stages[n] for n in STAGE_NAMES if n in stages},
     }
-    staged = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(staged, "w") as handle:
-        handle.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(staged, path)
+    storage.write_text(lineage_path(warehouse, ds), json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 
 @contextlib.contextmanager
 def day_lock(warehouse: str, ds: dt.date) -> Iterator[None]:
     """One pipeline run per warehouse and day: a second one fails at once rather than racing on the tables."""
-    path = lineage_path(warehouse, ds).with_suffix(".lock")
+    path = lineage_path(warehouse, ds).removesuffix(".json") + ".lock"
+    if not storage.is_local(path):
+        with remote_day_lock(path, ds):
+            yield
+        return
+    path = storage.local_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         try:
@@ -696,6 +692,39 @@ def day_lock(warehouse: str, ds: dt.date) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def remote_day_lock(path: str, ds: dt.date) -> Iterator[None]:
+    """The day lock on an object store or HDFS: a lock object naming its holder, made when absent and removed at
+    the end. pyarrow cannot send S3's conditional put, so two runs starting within the same second can both take
+    it: the lock stops a scheduled run from overlapping a run in progress, not a deliberate race (Delta's own
+    rule on S3 is one writing cluster per table; see the README). A killed run leaves the object: after
+    REMOTE_LOCK_STALE_SECONDS it is taken over, before that the error names it so an operator can delete it."""
+    holder = {
+        "owner": f"{socket.gethostname()}:{os.getpid()}",
+        "token": uuid.uuid4().hex,
+        "since": time.time(),
+    }
+    try:
+        found = json.loads(storage.read_text(path))
+    except FileNotFoundError:
+        found = None
+    except ValueError:
+        found = {"owner": "unreadable", "since": 0.0}
+    if found is not None and time.time() - float(found.get("since", 0.0)) < REMOTE_LOCK_STALE_SECONDS:
+        raise HirError(
+            f"another pipeline run for {ds} ({found.get('owner')}) holds {path}; if that run is dead, delete it"
+        )
+    storage.write_text(path, json.dumps(holder))
+    try:
+        yield
+    finally:
+        try:
+            if json.loads(storage.read_text(path)).get("token") == holder["token"]:
+                storage.remove(path)
+        except (FileNotFoundError, ValueError):
+            pass
 
 
 def previous_day_model(warehouse: str, ds: dt.date) -> str | None:
@@ -777,13 +806,13 @@ FIRST_RUN_COST: dict[str, float] = {
 
 def earlier_seconds(warehouse: str, ds: dt.date) -> dict[str, float]:
     """Per stage, the seconds of its newest recorded run on another day of this warehouse (unreadable skipped)."""
-    folder = _local_warehouse(warehouse) / LINEAGE_DIR
+    folder = storage.join(warehouse, LINEAGE_DIR)
     out: dict[str, float] = {}
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        if path.stem == ds.isoformat():
+    for name in storage.listdir(folder):
+        if not name.endswith(".json") or name == f"{ds.isoformat()}.json":
             continue
         try:
-            stages = json.loads(path.read_text())["stages"]
+            stages = json.loads(storage.read_text(storage.join(folder, name)))["stages"]
         except (ValueError, KeyError, TypeError, OSError):
             continue
         out.update({n: float(r["seconds"]) for n, r in stages.items() if "seconds" in r})
@@ -1077,7 +1106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
     from jobs.common.spark import get_spark
 
-    spark = get_spark(f"hir-pipeline-{cfg.ds}" + (f"-{cfg.ds_to}" if cfg.ds_to else ""))
+    spark = get_spark(
+        f"hir-pipeline-{cfg.ds}" + (f"-{cfg.ds_to}" if cfg.ds_to else ""),
+        places={"--warehouse": cfg.warehouse},
+    )
     try:
         if cfg.ds_to is not None:
             run_backfill(spark, cfg)

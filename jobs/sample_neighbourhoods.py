@@ -389,7 +389,7 @@ def sample_day(spark: SparkSession, cfg: SampleConfig) -> dict[str, dict[str, fl
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
-    spark = get_spark("hir-sample-neighbourhoods")
+    spark = get_spark("hir-sample-neighbourhoods", places={"--warehouse": cfg.warehouse})
     stats = sample_day(spark, cfg)
     for node_type, s in sorted(stats.items()):
         print(

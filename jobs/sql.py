@@ -107,7 +107,7 @@ def render(df: DataFrame, fmt: str, limit: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
-    spark = get_spark("hir-sql")
+    spark = get_spark("hir-sql", places={"--warehouse": cfg.warehouse})
     print(render(run_query(spark, cfg), cfg.format, cfg.limit))
     return 0
 

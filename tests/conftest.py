@@ -111,7 +111,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> S3Server:
-    """s3proxy 2.6.0 with its filesystem-nio2 backend, started once per test process on a free port."""
+    """s3proxy with its filesystem-nio2 backend (4.1.0: 2.6 lists directory markers without a Size, which delta-rs
+    refuses), started once per test process on a free port; the newest jar in .jars/ when several are there."""
     from jobs.common.spark import jars_dir
 
     jars = sorted(jars_dir().glob("s3proxy-*-jar-with-dependencies.jar"))
@@ -139,7 +140,7 @@ def s3_server(tmp_path_factory) -> S3Server:
     )
     log = open(root / "s3proxy.log", "w")
     process = subprocess.Popen(
-        ["java", "-jar", str(jars[0]), "--properties", str(root / "s3proxy.conf")], stdout=log, stderr=log
+        ["java", "-jar", str(jars[-1]), "--properties", str(root / "s3proxy.conf")], stdout=log, stderr=log
     )
     deadline = time.monotonic() + 60
     while True:
@@ -155,3 +156,24 @@ def s3_server(tmp_path_factory) -> S3Server:
     process.terminate()
     process.wait(timeout=30)
     log.close()
+
+
+@pytest.fixture()
+def s3_settings(s3_server):
+    """The Python side's storage layer pointed at the test S3 server for one test (restored after it)."""
+    from hir_model import storage
+
+    before = storage._settings
+    storage.configure(storage.S3Settings.from_hadoop(s3_server.hadoop_conf()))
+    yield storage.s3_settings()
+    storage.configure(before)
+
+
+@pytest.fixture()
+def s3_spark(spark, s3_server, s3_settings):
+    """The shared SparkSession with its S3A connector pointed at the test S3 server, as `--conf
+    spark.hadoop.fs.s3a.*` would (FileSystem instances are cached per bucket, so the settings reach new buckets)."""
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in s3_server.hadoop_conf().items():
+        conf.set(key, value)
+    return spark

@@ -7,6 +7,7 @@ import datetime as dt
 import sys
 from collections.abc import Callable, Sequence
 
+from hir_model import storage
 from jobs.common.errors import HirError
 from schemas.codes import FUNNEL_STAGES
 
@@ -32,9 +33,18 @@ def add_warehouse_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warehouse",
         default="warehouse",
-        help="Root folder (or URI) of the Delta tables, one sub-folder per table. Default ./warehouse keeps a "
-        "local run self-contained and is git-ignored.",
+        type=parse_place,
+        help="Root of the Delta tables, one sub-folder per table: a path, file://, s3a://bucket/prefix or "
+        "hdfs://namenode:port/path. Default ./warehouse keeps a local run self-contained and is git-ignored.",
     )
+
+
+def parse_place(value: str) -> str:
+    """A path or a URI the storage layer knows (argparse `type=`): an unknown scheme fails here, in one line,
+    before a Spark session starts or anything is written. Reachability is checked once the session's S3/HDFS
+    settings are known (`get_spark(..., places=...)`)."""
+    storage.scheme(value)
+    return value
 
 
 def run_job(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:

@@ -21,12 +21,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
+from hir_model import storage
 from jobs.common.errors import HirError
 from schemas.tables import TableSpec
 
 
 def table_path(warehouse: str | Path, spec: TableSpec) -> str:
-    return str(Path(warehouse).resolve() / spec.name)
+    """`<warehouse>/<table>`: an absolute local path, or the URI (s3a://, hdfs://) Hadoop's FileSystem opens."""
+    return storage.join(warehouse, spec.name)
 
 
 def _plain(dtype: DataType) -> DataType:

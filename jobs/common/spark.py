@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from hir_model import storage
@@ -89,14 +90,24 @@ def get_spark(
     shuffle_partitions: int | None = None,
     ui: bool = True,
     extra_conf: dict[str, str] | None = None,
+    places: Mapping[str, str | Path] | None = None,
 ):
-    """Return the active SparkSession, creating it with Delta enabled if needed."""
-    from pyspark import SparkConf, SparkContext
+    """Return the active SparkSession, creating it with Delta enabled if needed. `places` ({flag: URI}, e.g.
+    {"--warehouse": ...}) are checked reachable with the session's storage settings before the job writes
+    anything: a missing bucket, refused credentials or a silent endpoint is one line, not a stack trace."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
+    if active is None:
+        active = _new_session(app_name, shuffle_partitions, ui, extra_conf)
+    for flag, uri in (places or {}).items():
+        storage.check_reachable(uri, flag)
+    return active
+
+
+def _new_session(app_name: str, shuffle_partitions: int | None, ui: bool, extra_conf: dict[str, str] | None):
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
 
     # spark-submit starts the JVM first and hands the Python driver its gateway port; --master/--conf/--jars
     # are that JVM's system properties, which SparkConf() only sees once connected to it (unconnected, it is an

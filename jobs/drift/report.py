@@ -72,7 +72,7 @@ def render(rows: Sequence[Mapping], max_drift: float | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_drift_report(folder: Path, rows: Sequence[Mapping], max_drift: float | None) -> Path:
+def write_drift_report(folder: str | Path, rows: Sequence[Mapping], max_drift: float | None) -> str:
     """report.md with two charts over days (median cosine and level-0 token kept, unchanged cohort)."""
     first = min(r["ds"] for r in rows)
     x_label = f"days since {first}"

@@ -13,13 +13,12 @@ folder.
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
+
+from hir_model import storage
 
 # Okabe-Ito's colour-blind-safe palette (black last: it reads as an axis) plus two of Paul Tol's muted colours.
 PALETTE = (
@@ -660,15 +659,8 @@ def metric_curves(
     return series, styles
 
 
-def _write_text(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def write_report(
-    folder: Path,
+    folder: str | Path,
     results: Sequence[Mapping],
     *,
     title: str,
@@ -677,7 +669,7 @@ def write_report(
     token_usage: Mapping[int, Mapping[str, float]] | None = None,
     ranking: RankingSection | None = None,
     k: int = 50,
-) -> Path:
+) -> str:
     """Write `report.md`, `recall_at_k.svg`, `ndcg_at_k.svg` and (with token_usage) `token_usage.svg` into folder.
 
     Written atomically by `publish_report`; a `token_usage.svg` (or ranking chart) of an earlier run that this one
@@ -686,8 +678,6 @@ def write_report(
     token_usage: quantiser level -> series (e.g. 'codes used share', 'normalised entropy', 'collision rate') ->
     value in [0, 1].
     """
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     charts: dict[str, str] = {}
     for metric, file_name in (("recall", RECALL_CHART), ("ndcg", NDCG_CHART)):
         series, styles = metric_curves(results, metric)
@@ -720,24 +710,16 @@ def write_report(
 
 
 def publish_report(
-    folder: Path, charts: Mapping[str, str], markdown: str, *, stale: Sequence[str] = ()
-) -> Path:
-    """Write the charts and `report.md` into `folder` so that a reader never sees half a report: every file goes
-    to a temporary folder beside it (same filesystem) first, then moves in with `os.replace`, `report.md` last, so
-    a new report never points at an old chart. `stale` files (charts an earlier run had) are removed; other files
-    are left alone. Returns the report's path."""
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
-        for file_name, text in charts.items():
-            _write_text(staging / file_name, text)
-        _write_text(staging / REPORT_FILE, markdown)
-        folder.mkdir(exist_ok=True)
-        for file_name in [*charts, REPORT_FILE]:
-            os.replace(staging / file_name, folder / file_name)
-        for name in stale:
-            (folder / name).unlink(missing_ok=True)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return folder / REPORT_FILE
+    folder: str | Path, charts: Mapping[str, str], markdown: str, *, stale: Sequence[str] = ()
+) -> str:
+    """Write the charts and `report.md` into `folder` (a path or a URI) so that a reader never sees half a file
+    and a new report never points at an old chart: each file is replaced whole (`storage.write_text`: a temporary
+    file and os.replace locally, one PUT on an object store), `report.md` last. `stale` files (charts an earlier
+    run had) are removed; other files are left alone. Returns the report's path or URI."""
+    for file_name, text in charts.items():
+        storage.write_text(storage.join(folder, file_name), text)
+    report = storage.join(folder, REPORT_FILE)
+    storage.write_text(report, markdown)
+    for name in stale:
+        storage.remove(storage.join(folder, name))
+    return report

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.utils import AnalysisException
 
+from hir_model import storage
 from jobs.common.errors import HirError
 
 
 def check_inputs(paths: list[str]) -> None:
-    """Local paths must exist; remote URIs (hdfs://, s3a://, ...) are left to Spark."""
+    """Local inputs must exist. Remote ones (s3a://, hdfs://, and any other filesystem the cluster's Hadoop has,
+    gs:// or abfss://) are opened by Spark, whose missing-path error `read_lines` turns into one line."""
     if not paths:
         raise HirError("--input is required for this source")
     for path in paths:
-        if "://" not in path and not Path(path).exists():
+        if storage.on_this_machine(path) and not storage.local_path(path).exists():
             raise HirError(f"input not found: {path}")
 
 

@@ -8,14 +8,6 @@ from hir_model import storage
 from hir_model.errors import HirError
 
 
-@pytest.fixture()
-def s3_settings(s3_server):
-    before = storage._settings
-    storage.configure(storage.S3Settings.from_hadoop(s3_server.hadoop_conf()))
-    yield storage.s3_settings()
-    storage.configure(before)
-
-
 @pytest.fixture(params=["local", "s3a"])
 def root(request, tmp_path, s3_server, s3_settings) -> str:
     if request.param == "local":

@@ -94,7 +94,7 @@ def forget_delta_logs(spark) -> None:
 
 
 def stage_records(warehouse: Path, ds: dt.date) -> dict:
-    return json.loads(lineage_path(str(warehouse), ds).read_text())["stages"]
+    return json.loads(Path(lineage_path(str(warehouse), ds)).read_text())["stages"]
 
 
 @pytest.mark.slow
@@ -197,7 +197,7 @@ def test_a_backfill_killed_in_the_middle_resumes_to_the_same_tables(spark, backf
         command = [sys.executable, "-m", "jobs.pipeline", *backfill_argv(warehouse, backfill.config)]
         with open(tmp_path / "killed.log", "w") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            record = lineage_path(str(warehouse), DAY2)
+            record = Path(lineage_path(str(warehouse), DAY2))
             try:
                 # SIGKILL once the second day has sampled its neighbourhoods: in the middle of its enrich, train
                 # or embed. The bound only stops a hung run; the kill point does not depend on time.

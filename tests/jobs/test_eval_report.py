@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hir_model import storage
 from jobs.eval.report import (
     console_table,
     format_ci,
@@ -230,7 +231,7 @@ def test_write_report_creates_the_files(tmp_path: Path):
     path = write_report(
         folder, rows, title="HIR", context={"dataset": "taobao"}, notes=["n"], token_usage=usage
     )
-    assert path == folder / "report.md"
+    assert path == str(folder / "report.md")
     assert sorted(p.name for p in folder.iterdir()) == [
         "ndcg_at_k.svg",
         "recall_at_k.svg",
@@ -238,7 +239,7 @@ def test_write_report_creates_the_files(tmp_path: Path):
         "token_usage.svg",
     ]
     assert sorted(p.name for p in folder.parent.iterdir()) == ["report"]  # no staging folder left behind
-    text = path.read_text()
+    text = Path(path).read_text()
     for name in ("recall_at_k.svg", "ndcg_at_k.svg", "token_usage.svg"):
         assert f"]({name})" in text
     recall = ET.parse(folder / "recall_at_k.svg").getroot()
@@ -258,6 +259,21 @@ def test_write_report_replaces_an_earlier_report_and_keeps_other_files(tmp_path:
     assert (folder / "report.md").read_text().startswith("# second\n")
     assert not (folder / "token_usage.svg").exists()  # a stale chart would be mistaken for this run's
     assert (folder / "keep.txt").read_text() == "mine"
+
+
+def test_a_report_on_an_object_store_is_the_same_files(tmp_path: Path, s3_server, s3_settings):
+    local = tmp_path / "report"
+    remote = s3_server.new_bucket("reports") + "/eval/report"
+    usage = {1: {"codes used share": 0.5}}
+    for folder in (local, remote):
+        write_report(folder, result_rows(), title="first", context={}, notes=[], token_usage=usage)
+        path = write_report(folder, result_rows(), title="second", context={}, notes=[], token_usage=None)
+    assert path == remote + "/report.md"
+    assert storage.listdir(remote) == sorted(
+        p.name for p in local.iterdir()
+    )  # the stale chart went there too
+    for name in storage.listdir(remote):
+        assert storage.read_text(storage.join(remote, name)) == (local / name).read_text()
 
 
 def test_ranking_section_tables_the_rankers_and_draws_the_relative_lift():

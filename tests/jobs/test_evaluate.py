@@ -107,8 +107,8 @@ def test_every_method_slice_metric_and_k_is_written_with_a_ci(spark, evaluated):
     for method in job.METHODS:  # recall@K never falls as K grows
         values = [recall[(method, k)] for k in (10, 20, 50, 100)]
         assert values == sorted(values)
-    assert report.report_path.is_file() and "NDCG@50" in report.report_path.read_text()
-    assert (report.report_path.parent / "recall_at_k.svg").is_file()
+    assert Path(report.report_path).is_file() and "NDCG@50" in Path(report.report_path).read_text()
+    assert (Path(report.report_path).parent / "recall_at_k.svg").is_file()
 
 
 @pytest.mark.slow
@@ -131,8 +131,8 @@ def test_ranking_task_rows_are_bounded_by_the_candidates_and_lifts_pair_with_bas
             assert lift["ci_low"] <= lift["value"] <= lift["ci_high"]
     purity = rows[("hir_tokens", "all", "level0_purity", 0)]["value"]
     assert 0.0 < purity <= 1.0
-    text = report.report_path.read_text()
-    assert "Ranking task" in text and (report.report_path.parent / "ranking_importance.svg").is_file()
+    text = Path(report.report_path).read_text()
+    assert "Ranking task" in text and (Path(report.report_path).parent / "ranking_importance.svg").is_file()
 
 
 @pytest.mark.slow

@@ -119,7 +119,7 @@ def latest(warehouse: Path) -> str:
 
 
 def records(warehouse: Path) -> dict[str, dict]:
-    return json.loads(lineage_path(str(warehouse), pipeline.parse_ds(DS)).read_text())["stages"]
+    return json.loads(Path(lineage_path(str(warehouse), pipeline.parse_ds(DS))).read_text())["stages"]
 
 
 def statuses(report: pipeline.PipelineReport) -> dict[str, str]:
@@ -173,7 +173,7 @@ def test_a_full_run_writes_every_output_and_lists_every_stage_as_ran(spark, day)
     summary = day.text[day.text.index("pipeline 2026-01-07") :].splitlines()
     assert summary[0].split(":")[1].startswith(" 8 ran, 0 skipped, 0 failed")
     assert [row.split()[:2] for row in summary[2:]] == [[name, "ran"] for name in DAY_STAGES]
-    assert not list(lineage_path(str(day.warehouse), pipeline.parse_ds(DS)).parent.glob(".*tmp*"))
+    assert not list(Path(lineage_path(str(day.warehouse), pipeline.parse_ds(DS))).parent.glob(".*tmp*"))
 
 
 @pytest.mark.slow
@@ -331,7 +331,7 @@ def test_a_missing_input_table_fails_its_stage_and_nothing_after_it_runs(spark, 
     )
     assert "[1/3] build-graph ... (no record" in out and "sample-neighbourhoods ..." not in out
     assert not any(table_exists(spark, t, warehouse) for t in (NODES, EDGES, NEIGHBOURHOODS, ENTITY_CONTENT))
-    assert not lineage_path(str(warehouse), pipeline.parse_ds(DS)).exists()
+    assert not Path(lineage_path(str(warehouse), pipeline.parse_ds(DS))).exists()
 
 
 @pytest.mark.parametrize(
