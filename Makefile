@@ -15,6 +15,8 @@ DELTA_STORAGE_ARTIFACT := io.delta:delta-storage:$(DELTA_VERSION)
 HADOOP_AWS_ARTIFACT := org.apache.hadoop:hadoop-aws:3.4.1
 AWS_SDK_ARTIFACT := software.amazon.awssdk:bundle:2.24.6
 S3PROXY_ARTIFACT := org.gaul:s3proxy:4.1.0:jar:jar-with-dependencies
+# hdfs:// tests: an HDFS mini cluster at the Hadoop version pyspark bundles (tests only, 40 MB).
+HDFS_MINICLUSTER_ARTIFACT := org.apache.hadoop:hadoop-client-minicluster:3.4.1
 WAREHOUSE ?= warehouse
 SHARED_DATA ?= ../shared/data
 PYTEST_ARGS ?=
@@ -53,6 +55,7 @@ $(JARS)/.fetched: Makefile
 	mvn -q -B dependency:copy -Dartifact=$(HADOOP_AWS_ARTIFACT) -DoutputDirectory=$(JARS)
 	mvn -q -B dependency:copy -Dartifact=$(AWS_SDK_ARTIFACT) -DoutputDirectory=$(JARS)
 	mvn -q -B dependency:copy -Dartifact=$(S3PROXY_ARTIFACT) -DoutputDirectory=$(JARS)
+	mvn -q -B dependency:copy -Dartifact=$(HDFS_MINICLUSTER_ARTIFACT) -DoutputDirectory=$(JARS)
 	touch $@
 
 setup: $(VENV)/.installed $(JARS)/.fetched $(VENV_AIRFLOW)/.installed ## Create .venv and .venv-airflow with pinned packages and fetch the Delta jars (idempotent)

@@ -172,6 +172,7 @@ class S3Settings:
 
 
 _settings: S3Settings | None = None
+_hadoop: tuple | None = None  # (py4j gateway, Hadoop Configuration) of the Spark driver in this process
 _filesystems: dict = {}
 
 
@@ -185,8 +186,11 @@ def s3_settings() -> S3Settings:
     return _settings if _settings is not None else S3Settings.from_environment()
 
 
-def configure_from_hadoop(hadoop_conf) -> None:
-    """Take the S3 settings from a live Hadoop Configuration (py4j), the one the Spark driver uses."""
+def configure_from_hadoop(hadoop_conf, gateway=None) -> None:
+    """Take the S3 settings from a live Hadoop Configuration (py4j), the one the Spark driver uses; with the
+    driver's py4j gateway, hdfs:// goes through the driver's own Hadoop client when libhdfs is not installed."""
+    global _hadoop
+    _hadoop = (gateway, hadoop_conf) if gateway is not None else None
     keys = (
         "fs.s3a.endpoint",
         "fs.s3a.endpoint.region",
@@ -224,10 +228,15 @@ def filesystem(uri: str | Path):
         try:
             _filesystems[key] = pafs.HadoopFileSystem(parsed.hostname, parsed.port or 8020)
         except OSError as err:
-            raise HirError(
-                f"{uri}: the Python side needs libhdfs for hdfs:// (set ARROW_LIBHDFS_DIR and CLASSPATH as on a "
-                f"Hadoop node): {str(err).splitlines()[0]}"
-            ) from None
+            if _hadoop is None:
+                raise HirError(
+                    f"{uri}: outside a Spark driver, hdfs:// needs libhdfs (set ARROW_LIBHDFS_DIR and CLASSPATH "
+                    f"as on a Hadoop node): {str(err).splitlines()[0]}"
+                ) from None
+            from hir_model.hadoop_jvm import HadoopJvmHandler
+
+            root = f"hdfs://{parsed.hostname}" + (f":{parsed.port}" if parsed.port else "")
+            _filesystems[key] = pafs.PyFileSystem(HadoopJvmHandler(*_hadoop, root))
     return _filesystems[key], parsed.path or "/"
 
 

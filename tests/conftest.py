@@ -177,3 +177,37 @@ def s3_spark(spark, s3_server, s3_settings):
     for key, value in s3_server.hadoop_conf().items():
         conf.set(key, value)
     return spark
+
+
+@pytest.fixture(scope="session")
+def hdfs_cluster(tmp_path_factory) -> str:
+    """A real HDFS mini cluster (hadoop-client-minicluster 3.4.1, fetched by `make setup`, with pyspark's own
+    Hadoop jars), started once per test process; returns its `hdfs://127.0.0.1:<port>` root."""
+    import pyspark
+
+    from jobs.common.spark import jars_dir
+
+    jars = sorted(jars_dir().glob("hadoop-client-minicluster-*.jar"))
+    if not jars:
+        pytest.fail(f"hadoop-client-minicluster jar not found in {jars_dir()}: run `make setup`")
+    root = tmp_path_factory.mktemp("hdfs")
+    classpath = os.pathsep.join([str(jars[-1]), str(Path(pyspark.__file__).parent / "jars" / "*")])
+    source = Path(__file__).parent / "cluster" / "MiniHdfs.java"
+    log_path = root / "minihdfs.log"
+    log = open(log_path, "w")
+    process = subprocess.Popen(
+        ["java", "-cp", classpath, str(source), str(root / "base"), str(_free_port())],
+        stdout=log,
+        stderr=log,
+    )
+    deadline = time.monotonic() + 180
+    while "READY hdfs://" not in log_path.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"HDFS mini cluster did not start: {log_path.read_text()[-2000:]}")
+        time.sleep(0.5)
+    url = log_path.read_text().split("READY ", 1)[1].split()[0]
+    yield url
+    process.terminate()
+    process.wait(timeout=60)
+    log.close()

@@ -152,7 +152,7 @@ def _new_session(app_name: str, shuffle_partitions: int | None, ui: bool, extra_
     check_versions(pyspark.__version__, jar_names)
     spark = builder.getOrCreate()
     # Model versions, lineage, indexes and reports reach s3a:// with the S3A settings the tables use.
-    storage.configure_from_hadoop(spark.sparkContext._jsc.hadoopConfiguration())
+    storage.configure_from_hadoop(spark.sparkContext._jsc.hadoopConfiguration(), spark.sparkContext._gateway)
     level = os.environ.get("HIR_SPARK_LOG_LEVEL", "WARN")
     spark.sparkContext.setLogLevel(level)
     _quiet_query_context_logs(level)

@@ -8,10 +8,14 @@ from hir_model import storage
 from hir_model.errors import HirError
 
 
-@pytest.fixture(params=["local", "s3a"])
+@pytest.fixture(params=["local", "s3a", "hdfs"])
 def root(request, tmp_path, s3_server, s3_settings) -> str:
     if request.param == "local":
         return str(tmp_path / "root")
+    if request.param == "hdfs":
+        # Through the Spark driver's Hadoop client (no libhdfs here): the shared session must exist.
+        request.getfixturevalue("spark")
+        return request.getfixturevalue("hdfs_cluster") + f"/roots/{request.node.name.split('[')[0]}"
     return s3_server.new_bucket(f"roots-{len(list(s3_server.folder.iterdir()))}") + "/some/prefix"
 
 

@@ -4,6 +4,7 @@ ranking task on the same source finds a signal planted in HIR's features only, a
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import numpy as np
 import pytest

@@ -34,39 +34,42 @@ def rows(spark, spec, warehouse, *drop: str) -> list[tuple]:
     return sorted(map(tuple, read_table(spark, spec, warehouse).drop(*drop).collect()), key=repr)
 
 
-def test_ingest_reads_its_input_from_s3a_into_an_s3a_warehouse_as_it_does_locally(
-    s3_spark, s3_server, tmp_path
+def test_ingest_reads_its_input_from_s3a_and_hdfs_into_such_warehouses_as_it_does_locally(
+    s3_spark, s3_server, hdfs_cluster, tmp_path
 ) -> None:
     spark = s3_spark
-    bucket = s3_server.new_bucket("ingest")
     local_input = tmp_path / "tb.csv"
     local_input.write_text(TAOBAO)
-    remote_input = f"{bucket}/raw/tb.csv"
-    storage.write_text(remote_input, TAOBAO)
-    local, remote = str(tmp_path / "warehouse"), f"{bucket}/warehouse"
-
-    for source, warehouse in ((str(local_input), local), (remote_input, remote)):
-        cfg = IngestConfig(source="taobao", inputs=(source,), warehouse=warehouse, max_reject_fraction=1.0)
-        ingest(spark, cfg)
-
-    assert storage.is_dir(f"{remote}/events/_delta_log")  # the table is on the store, not in a local folder
-    assert not Path("s3a:").exists()
-    assert rows(spark, EVENTS, remote) == rows(spark, EVENTS, local) != []
+    local = str(tmp_path / "warehouse")
+    ingest(
+        spark,
+        IngestConfig(source="taobao", inputs=(str(local_input),), warehouse=local, max_reject_fraction=1.0),
+    )
     # The rejects name their input file and their run (a hash of it): the same rows apart from those.
     kept = ("input_file", "run_id")
-    assert rows(spark, INGEST_REJECTS, remote, *kept) == rows(spark, INGEST_REJECTS, local, *kept) != []
-    files = {r["input_file"] for r in read_table(spark, INGEST_REJECTS, remote).collect()}
-    assert files == {remote_input}, files
+    for root in (s3_server.new_bucket("ingest"), f"{hdfs_cluster}/ingest"):
+        remote_input, remote = f"{root}/raw/tb.csv", f"{root}/warehouse"
+        storage.write_text(remote_input, TAOBAO)
+        ingest(
+            spark,
+            IngestConfig(source="taobao", inputs=(remote_input,), warehouse=remote, max_reject_fraction=1.0),
+        )
+
+        assert storage.is_dir(f"{remote}/events/_delta_log")  # the table is there, not in a local folder
+        assert rows(spark, EVENTS, remote) == rows(spark, EVENTS, local) != []
+        assert rows(spark, INGEST_REJECTS, remote, *kept) == rows(spark, INGEST_REJECTS, local, *kept) != []
+        files = {r["input_file"] for r in read_table(spark, INGEST_REJECTS, remote).collect()}
+        assert files == {remote_input}, files
+    assert not Path("s3a:").exists() and not Path("hdfs:").exists()
 
     # A ranking team without Spark reads the same table with delta-rs and the same settings.
     from deltalake import DeltaTable
 
+    remote = "s3a://ingest/warehouse"
     table = DeltaTable(f"{remote}/events", storage_options=storage.s3_settings().deltalake_options())
     read = table.to_pandas()
-    assert len(read) == len(rows(spark, EVENTS, local))
-    assert sorted(read["item_id"].astype(str)) == sorted(
-        str(r["item_id"]) for r in read_table(spark, EVENTS, local).collect()
-    )
+    local_items = sorted(str(r["item_id"]) for r in read_table(spark, EVENTS, local).collect())
+    assert sorted(read["item_id"].astype(str)) == local_items
 
 
 def one_line_failure(main, argv: list[str]) -> str:
