@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.servers import S3Server, start_hdfs, start_s3proxy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,85 +75,15 @@ def shared_data() -> Path:
     return folder
 
 
-@dataclass(frozen=True)
-class S3Server:
-    """A real S3 server (s3proxy on a folder, fetched by `make setup`) and the settings that reach it."""
-
-    endpoint: str
-    access_key: str
-    secret_key: str
-    folder: Path
-
-    def hadoop_conf(self) -> dict[str, str]:
-        """The S3A settings a Spark job needs (as `spark.hadoop.` confs they are the same keys)."""
-        return {
-            "fs.s3a.endpoint": self.endpoint,
-            "fs.s3a.access.key": self.access_key,
-            "fs.s3a.secret.key": self.secret_key,
-            "fs.s3a.path.style.access": "true",
-            "fs.s3a.endpoint.region": "us-east-1",
-            "fs.s3a.connection.ssl.enabled": "false",
-        }
-
-    def new_bucket(self, name: str) -> str:
-        """Create a bucket (s3proxy's filesystem backend keeps one folder per bucket) and return s3a://name."""
-        (self.folder / name).mkdir()
-        return f"s3a://{name}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> S3Server:
-    """s3proxy with its filesystem-nio2 backend (4.1.0: 2.6 lists directory markers without a Size, which delta-rs
-    refuses), started once per test process on a free port; the newest jar in .jars/ when several are there."""
-    from jobs.common.spark import jars_dir
-
-    jars = sorted(jars_dir().glob("s3proxy-*-jar-with-dependencies.jar"))
-    if not jars:
-        pytest.fail(f"s3proxy jar not found in {jars_dir()}: run `make setup`")
-    root = tmp_path_factory.mktemp("s3")
-    folder = root / "buckets"
-    folder.mkdir()
-    port = _free_port()
-    server = S3Server(f"http://127.0.0.1:{port}", "hir-test-key", "hir-test-secret", folder)
-    (root / "s3proxy.conf").write_text(
-        "\n".join(
-            [
-                f"s3proxy.endpoint={server.endpoint}",
-                "s3proxy.authorization=aws-v2-or-v4",
-                f"s3proxy.identity={server.access_key}",
-                f"s3proxy.credential={server.secret_key}",
-                "jclouds.provider=filesystem-nio2",
-                f"jclouds.identity={server.access_key}",
-                f"jclouds.credential={server.secret_key}",
-                f"jclouds.filesystem.basedir={folder}",
-                "",
-            ]
-        )
-    )
-    log = open(root / "s3proxy.log", "w")
-    process = subprocess.Popen(
-        ["java", "-jar", str(jars[-1]), "--properties", str(root / "s3proxy.conf")], stdout=log, stderr=log
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"s3proxy did not start: {(root / 's3proxy.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+    """A real S3 server (s3proxy, tests/servers.py) started once per test process."""
+    try:
+        server = start_s3proxy(tmp_path_factory.mktemp("s3"))
+    except RuntimeError as err:
+        pytest.fail(str(err))
     yield server
-    process.terminate()
-    process.wait(timeout=30)
-    log.close()
+    server.stop()
 
 
 @pytest.fixture()
@@ -181,33 +109,10 @@ def s3_spark(spark, s3_server, s3_settings):
 
 @pytest.fixture(scope="session")
 def hdfs_cluster(tmp_path_factory) -> str:
-    """A real HDFS mini cluster (hadoop-client-minicluster 3.4.1, fetched by `make setup`, with pyspark's own
-    Hadoop jars), started once per test process; returns its `hdfs://127.0.0.1:<port>` root."""
-    import pyspark
-
-    from jobs.common.spark import jars_dir
-
-    jars = sorted(jars_dir().glob("hadoop-client-minicluster-*.jar"))
-    if not jars:
-        pytest.fail(f"hadoop-client-minicluster jar not found in {jars_dir()}: run `make setup`")
-    root = tmp_path_factory.mktemp("hdfs")
-    classpath = os.pathsep.join([str(jars[-1]), str(Path(pyspark.__file__).parent / "jars" / "*")])
-    source = Path(__file__).parent / "cluster" / "MiniHdfs.java"
-    log_path = root / "minihdfs.log"
-    log = open(log_path, "w")
-    process = subprocess.Popen(
-        ["java", "-cp", classpath, str(source), str(root / "base"), str(_free_port())],
-        stdout=log,
-        stderr=log,
-    )
-    deadline = time.monotonic() + 180
-    while "READY hdfs://" not in log_path.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"HDFS mini cluster did not start: {log_path.read_text()[-2000:]}")
-        time.sleep(0.5)
-    url = log_path.read_text().split("READY ", 1)[1].split()[0]
-    yield url
-    process.terminate()
-    process.wait(timeout=60)
-    log.close()
+    """A real HDFS mini cluster (tests/servers.py) started once per test process: its hdfs://127.0.0.1:<port>."""
+    try:
+        cluster = start_hdfs(tmp_path_factory.mktemp("hdfs"))
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    yield cluster.url
+    cluster.stop()

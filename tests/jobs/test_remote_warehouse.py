@@ -19,15 +19,7 @@ from jobs.common.args import run_job
 from jobs.common.delta import read_table
 from jobs.ingest_events import IngestConfig, ingest
 from schemas.tables import EVENTS, INGEST_REJECTS
-
-TAOBAO = """user_id,item_id,category_id,behavior_type,timestamp
-1,100,7,pv,1511544070
-1,100,7,pv,1511544070
-1,100,7,buy,1511600000
-2,200,8,fav,1512144000
-x,200,8,pv,1511544070
-3,200,8,pv,notatime
-"""
+from tests.jobs.test_ingest_events import TAOBAO
 
 
 def rows(spark, spec, warehouse, *drop: str) -> list[tuple]:
