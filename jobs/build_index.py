@@ -12,7 +12,8 @@ under its int64 node id, and its search parameter (nprobe / efSearch) is raised 
 inner-product search reaches --recall-target on held-out queries (the day's user embeddings, or the vectors with
 the highest hash). Below the target nothing is published. Otherwise the version is written to
 <warehouse>/indexes/<entity_type>/<ds>/<run_id>/ and made live by an atomic swap of LATEST (jobs.index.publish);
-`hir query` and jobs.index.reader.IndexReader read it.
+`hir query` and jobs.index.reader.IndexReader read it. On an s3a:// or hdfs:// warehouse the version is built in a
+local temporary folder, uploaded with its manifest last, and made live by writing LATEST in one step.
 
 Single-node builds collect the vectors to the driver through Arrow. From --spark-min-vectors (or with
 --build-on spark), IVF indexes are built in Spark tasks: the driver trains an empty index, broadcasts it, each
@@ -40,6 +41,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from hir_model import storage
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
 from jobs.common.delta import read_table, table_path, table_version
 from jobs.common.errors import HirError
@@ -89,7 +91,7 @@ class BuildConfig:
 
 @dataclass(frozen=True)
 class BuildReport:
-    version_dir: Path
+    version_dir: str  # the published version: a local path or a URI
     manifest: dict
     pruned: list[str] = field(default_factory=list)
 
@@ -219,7 +221,6 @@ def config_from_args(argv: Sequence[str] | None) -> BuildConfig:
         raise HirError("--recall-target must be in (0, 1]")
     if args.recall_queries < 1 or args.keep_versions < 1 or args.add_batch < 1 or args.shards < 0:
         raise HirError("--recall-queries, --keep-versions and --add-batch must be positive, --shards >= 0")
-    entity_root(args.warehouse, "check")  # a non-local warehouse fails here, before any work
     return BuildConfig(
         ds=args.ds,
         warehouse=args.warehouse,
@@ -505,6 +506,7 @@ def write_version_files(index: faiss.Index, node_ids: np.ndarray, raw_ids: np.nd
 def build_index(spark: SparkSession, cfg: BuildConfig, *, before_swap=None) -> BuildReport:
     """Read, choose, build, tune, and publish (only when the recall target is met)."""
     log = StageLog("build_index", {"entity_type": cfg.entity_type, "ds": str(cfg.ds)})
+    storage.check_reachable(cfg.warehouse, "--warehouse")  # one line, before anything is read or written
     root = entity_root(cfg.warehouse, cfg.entity_type)
     device = build.resolve_device(cfg.device)
     source = read_source(spark, cfg)
@@ -528,7 +530,7 @@ def build_index(spark: SparkSession, cfg: BuildConfig, *, before_swap=None) -> B
     tuning = build.tune(outcome.index, queries, outcome.exact_ids, cfg.recall_target)
     params_text = ",".join(f"{k}={v}" for k, v in tuning.params.items()) or "no search parameter"
     if not tuning.reached:
-        live = read_latest(root) if root.is_dir() else None
+        live = read_latest(root)
         raise HirError(
             f"{cfg.entity_type} index {factory} reaches recall@10 {tuning.recall:.3f} at best ({params_text}), "
             f"below --recall-target {cfg.recall_target}: not published, LATEST still "
@@ -581,19 +583,20 @@ def build_index(spark: SparkSession, cfg: BuildConfig, *, before_swap=None) -> B
         keep=cfg.keep_versions,
         before_swap=before_swap,
     )
-    size = (version_dir / INDEX_FILE).stat().st_size
+    published = load_manifest(version_dir)
+    size = published["files"][INDEX_FILE]["bytes"]
     if size > cfg.memory_budget_bytes:
         print(f"warning: index is {format_bytes(size)}, over --memory-budget", file=sys.stderr)
     log.counts.update(
         rows_in=n, rows_out=n, factory=factory, recall=round(tuning.recall, 4), mode=outcome.mode
     )
     log.emit()
-    return BuildReport(version_dir, load_manifest(version_dir), pruned)
+    return BuildReport(version_dir, published, pruned)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
-    spark = get_spark(f"hir-build-index-{cfg.entity_type}")
+    spark = get_spark(f"hir-build-index-{cfg.entity_type}", places={"--warehouse": cfg.warehouse})
     report = build_index(spark, cfg)
     print(report.line())
     return 0

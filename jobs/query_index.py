@@ -2,11 +2,13 @@
 
     hir query --user-id 1042 -k 20
     hir query --user-id 1042 -k 20 --entity-type item --ds 2026-01-07 --warehouse warehouse --json
+    hir query --user-id 1042 --warehouse s3a://bucket/warehouse     # a remote warehouse: the index is cached locally
 
 Loads the index LATEST names (or, with --ds, that day's version), looks up the user's embedding in `embeddings`
 at the day, model version and Delta version the index was built from (so query and index vectors come from the
 same model), and prints the top k with raw ids, node ids and inner-product scores. Nothing is embedded here.
-Serving processes use jobs.index.reader.IndexReader directly, without Spark.
+The Spark session starts first, so one set of `spark.hadoop.fs.s3a.*` settings reaches both the table and the
+index. Serving processes use jobs.index.reader.IndexReader directly, without Spark.
 """
 
 from __future__ import annotations
@@ -113,8 +115,8 @@ def top_k(reader: IndexReader, vector: np.ndarray, k: int) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
+    spark = get_spark("hir-query", places={"--warehouse": cfg.warehouse})
     reader = open_index(cfg.warehouse, cfg.entity_type, cfg.ds)
-    spark = get_spark("hir-query")
     results = top_k(reader, user_vector(spark, cfg.warehouse, cfg.user_id, reader.manifest), cfg.k)
     m = reader.manifest
     if cfg.as_json:

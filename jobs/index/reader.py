@@ -3,7 +3,12 @@
     from jobs.index.reader import IndexReader, open_index
     reader = open_index("warehouse", "item")               # the version LATEST names
     reader = IndexReader("warehouse/indexes/item")          # same thing, by folder
+    reader = open_index("s3a://bucket/warehouse", "item")  # a remote warehouse (s3a://, hdfs://)
     raw_ids, node_ids, scores = reader.search(user_vectors, k=20)   # (nq, k) arrays each
+
+A remote version is downloaded once to the local cache (HIR_CACHE_DIR, default ~/.cache/hir) under a key made of
+its manifest's sha256, and faiss opens the copy; a local version is opened in place. Without Spark, the S3
+settings come from the AWS environment (AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, ...; see hir_model.storage).
 
 The reader checks what it loads before it serves anything: the manifest parses and has every field, the files
 have the sizes (and, with verify=True, the sha256) the manifest recorded, and the index's count, dimension and
@@ -13,6 +18,7 @@ search parameters (nprobe / efSearch, tuned at build time to the recall target) 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -20,6 +26,7 @@ from typing import NamedTuple
 import faiss
 import numpy as np
 
+from hir_model import storage
 from jobs.common.errors import HirError
 from jobs.index.publish import (
     FORMAT_VERSION,
@@ -56,16 +63,11 @@ class SearchResult(NamedTuple):
     scores: np.ndarray  # (nq, k) float32: inner product (cosine for L2-normalised vectors), best first
 
 
-def load_manifest(version_dir: Path) -> dict:
-    """The version's manifest, validated; a missing, unparsable or incomplete one is a clear error."""
-    path = version_dir / MANIFEST_FILE
-    if not path.is_file():
-        raise HirError(
-            f"{path} is missing: {version_dir} is not a complete index version (was its build killed?)"
-        )
+def parse_manifest(data: bytes, path: str) -> dict:
+    """A manifest's bytes, validated; `path` names it in errors."""
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
         raise HirError(f"{path} is corrupt: not valid JSON ({exc})") from None
     if not isinstance(manifest, dict):
         raise HirError(f"{path} is corrupt: expected a JSON object")
@@ -86,17 +88,36 @@ def load_manifest(version_dir: Path) -> dict:
     return manifest
 
 
-def resolve_version(path: Path) -> Path:
-    """A version folder as given, or the one an index folder's LATEST names."""
-    if (path / LATEST).exists() and not (path / MANIFEST_FILE).exists():
+def read_manifest(version: str | Path) -> bytes:
+    """The manifest's bytes of a version folder (path or URI); a missing one is a clear error."""
+    path = storage.join(version, MANIFEST_FILE)
+    try:
+        return storage.read_bytes(path)
+    except FileNotFoundError:
+        raise HirError(
+            f"{path} is missing: {version} is not a complete index version (was its build killed?)"
+        ) from None
+
+
+def load_manifest(version: str | Path) -> dict:
+    """The version's manifest, validated; a missing, unparsable or incomplete one is a clear error."""
+    return parse_manifest(read_manifest(version), storage.join(version, MANIFEST_FILE))
+
+
+def resolve_version(path: str | Path) -> str:
+    """A version folder as given, or the one an index folder's LATEST names (a path or a URI)."""
+    path = storage.normalise(path)
+    if storage.is_file(storage.join(path, LATEST)) and not storage.exists(storage.join(path, MANIFEST_FILE)):
         relative = read_latest(path)
-        if not (path / relative).is_dir():
-            raise HirError(f"{path / LATEST} points to {relative}, which does not exist")
-        return path / relative
-    if (path / MANIFEST_FILE).exists() or (path / INDEX_FILE).exists() or (path / ID_MAP_FILE).exists():
+        if not storage.is_dir(storage.join(path, relative)):
+            raise HirError(f"{storage.join(path, LATEST)} points to {relative}, which does not exist")
+        return storage.join(path, relative)
+    if any(storage.exists(storage.join(path, name)) for name in (MANIFEST_FILE, INDEX_FILE, ID_MAP_FILE)):
         return path  # a version folder; load_manifest judges it
-    if path.is_dir() and any(path.glob(f"*/*/{MANIFEST_FILE}")):
-        raise HirError(f"{path / LATEST} is missing: versions exist under {path} but none was made live")
+    if list_versions(path):
+        raise HirError(
+            f"{storage.join(path, LATEST)} is missing: versions exist under {path} but none was made live"
+        )
     raise HirError(f"no index at {path} (no {LATEST}, no {MANIFEST_FILE}): run `hir build-index` first")
 
 
@@ -104,8 +125,15 @@ class IndexReader:
     """A loaded, verified index version with its id map and tuned search parameters."""
 
     def __init__(self, path: str | Path, *, verify: bool = True) -> None:
-        self.version_dir = resolve_version(Path(path))
-        self.manifest = load_manifest(self.version_dir)
+        self.location = resolve_version(path)  # the version folder's path or URI
+        data = read_manifest(self.location)
+        self.manifest = parse_manifest(data, storage.join(self.location, MANIFEST_FILE))
+        # The folder faiss opens: the version itself when local, else a cached copy keyed by the manifest's
+        # checksum (a version is never rewritten under its run id, so the key names its content).
+        self.version_dir = storage.local_copy(self.location, hashlib.sha256(data).hexdigest())
+        copied = self.version_dir / MANIFEST_FILE
+        if not copied.is_file() or copied.read_bytes() != data:
+            raise self._problem(MANIFEST_FILE, "does not match its copy")
         self._check_files(verify)
         self.index = self._load_index()
         self.node_ids, self.raw_ids = self._load_id_map()
@@ -119,18 +147,28 @@ class IndexReader:
     def dimension(self) -> int:
         return int(self.manifest["dimension"])
 
+    def _problem(self, name: str, problem: str) -> HirError:
+        """An error about one file of the version, naming it where it is published (and the cached copy)."""
+        remote = storage.join(self.location, name)
+        if storage.normalise(self.version_dir) == storage.normalise(self.location):
+            return HirError(f"{remote} {problem}")
+        return HirError(
+            f"{remote} {problem} (in the cached copy {self.version_dir}: remove it to download again)"
+        )
+
     def _check_files(self, verify: bool) -> None:
         for name, recorded in self.manifest["files"].items():
             path = self.version_dir / name
             if not path.is_file():
-                raise HirError(f"{path} is missing (listed in the manifest)")
+                raise self._problem(name, "is missing (listed in the manifest)")
             if path.stat().st_size != recorded.get("bytes"):
-                raise HirError(
-                    f"{path} has {path.stat().st_size} bytes, the manifest recorded {recorded.get('bytes')}: "
-                    "corrupt or truncated"
+                raise self._problem(
+                    name,
+                    f"has {path.stat().st_size} bytes, the manifest recorded {recorded.get('bytes')}: "
+                    "corrupt or truncated",
                 )
             if verify and sha256_of(path) != recorded.get("sha256"):
-                raise HirError(f"{path} does not match the sha256 in the manifest: corrupt")
+                raise self._problem(name, "does not match the sha256 in the manifest: corrupt")
 
     def _load_index(self) -> faiss.Index:
         path = self.version_dir / INDEX_FILE
@@ -214,16 +252,16 @@ class IndexReader:
 
 
 def open_index(
-    warehouse: str, entity_type: str, ds: str | None = None, *, verify: bool = True
+    warehouse: str | Path, entity_type: str, ds: str | None = None, *, verify: bool = True
 ) -> IndexReader:
     """The live index of `entity_type`; with `ds`, the live version if it is that day's, else that day's newest."""
     root = entity_root(warehouse, entity_type)
     if ds is None:
         return IndexReader(root, verify=verify)
-    live = read_latest(root) if (root / LATEST).exists() else None
+    live = read_latest(root)
     if live is not None and live.split("/")[0] == ds:
-        return IndexReader(root / live, verify=verify)
+        return IndexReader(storage.join(root, live), verify=verify)
     of_day = [v for v in list_versions(root) if v.relative.split("/")[0] == ds]
     if not of_day:
         raise HirError(f"no {entity_type} index version for ds {ds} under {root}")
-    return IndexReader(root / of_day[-1].relative, verify=verify)
+    return IndexReader(storage.join(root, of_day[-1].relative), verify=verify)

@@ -296,9 +296,10 @@ def publish_small(
 
 
 def test_publish_writes_a_complete_version_and_swaps_latest(tmp_path):
-    root = entity_root(str(tmp_path / "wh"), "item")
+    root = Path(entity_root(str(tmp_path / "wh"), "item"))
     vectors, ids, raw, folder = publish_small(root, "run1")
-    assert folder == root / "2026-01-07" / "run1"
+    assert folder == str(root / "2026-01-07" / "run1")
+    folder = Path(folder)
     assert read_latest(root) == "2026-01-07/run1"
     assert sorted(p.name for p in folder.iterdir()) == sorted([INDEX_FILE, ID_MAP_FILE, MANIFEST_FILE])
     manifest = json.loads((folder / MANIFEST_FILE).read_text())
@@ -310,7 +311,7 @@ def test_publish_writes_a_complete_version_and_swaps_latest(tmp_path):
 
 
 def test_id_map_round_trip_through_the_reader(tmp_path):
-    root = entity_root(str(tmp_path / "wh"), "item")
+    root = Path(entity_root(str(tmp_path / "wh"), "item"))
     vectors, ids, raw, _ = publish_small(root, "run1")
     reader = IndexReader(root)
     by_id = dict(zip(ids.tolist(), raw.tolist(), strict=True))
@@ -328,7 +329,7 @@ def test_id_map_round_trip_through_the_reader(tmp_path):
 
 
 def test_search_restricted_to_allowed_ids_equals_exact_search_over_them(tmp_path):
-    root = entity_root(str(tmp_path / "wh"), "item")
+    root = Path(entity_root(str(tmp_path / "wh"), "item"))
     vectors, ids, raw, _ = publish_small(root, "run1")
     reader = IndexReader(root)
     allowed = ids[::7]  # a sparse candidate set: most true neighbours are excluded
@@ -345,11 +346,11 @@ def test_search_restricted_to_allowed_ids_equals_exact_search_over_them(tmp_path
 
 
 def test_a_build_failing_before_the_swap_cleans_up_and_keeps_latest(tmp_path):
-    root = entity_root(str(tmp_path / "wh"), "item")
+    root = Path(entity_root(str(tmp_path / "wh"), "item"))
     publish_small(root, "good")
 
     def crash(folder):
-        assert (folder / MANIFEST_FILE).is_file()  # the version was complete when the error hit
+        assert (Path(folder) / MANIFEST_FILE).is_file()  # the version was complete when the error hit
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError, match="disk full"):
@@ -361,7 +362,7 @@ def test_a_build_failing_before_the_swap_cleans_up_and_keeps_latest(tmp_path):
 
 
 def test_prune_keeps_the_newest_and_never_the_live_one(tmp_path):
-    root = entity_root(str(tmp_path / "wh"), "item")
+    root = Path(entity_root(str(tmp_path / "wh"), "item"))
     for i in range(3):
         publish_small(root, f"run{i}", ds=f"2026-01-0{i + 1}", keep=10)
     swap_latest(root, "2026-01-01/run0")  # a rollback to the oldest version
@@ -385,7 +386,7 @@ def test_prune_keeps_the_newest_and_never_the_live_one(tmp_path):
 
 
 def test_prune_removes_only_stale_staging_folders(tmp_path):
-    root = entity_root(str(tmp_path / "wh"), "item")
+    root = Path(entity_root(str(tmp_path / "wh"), "item"))
     publish_small(root, "run1")
     stale, young = root / ".tmp-killed", root / ".tmp-running"
     stale.mkdir()
@@ -409,7 +410,7 @@ print("swap happened")
 
 @pytest.mark.parametrize("point", ["before_rename", "before_swap"])
 def test_a_build_killed_before_the_swap_leaves_latest_valid(tmp_path, point):
-    root = entity_root(str(tmp_path / "wh"), "item")
+    root = Path(entity_root(str(tmp_path / "wh"), "item"))
     vectors, ids, raw, _ = publish_small(root, "good")
     before = IndexReader(root).search(vectors[:10], 5)
 
@@ -438,7 +439,7 @@ def test_a_build_killed_before_the_swap_leaves_latest_valid(tmp_path, point):
 
 @pytest.fixture()
 def published(tmp_path) -> Path:
-    root = entity_root(str(tmp_path / "wh"), "item")
+    root = Path(entity_root(str(tmp_path / "wh"), "item"))
     publish_small(root, "run1")
     return root
 
@@ -511,7 +512,7 @@ def test_reader_checks_the_pointer(tmp_path, published):
 
 def test_open_index_by_day(tmp_path):
     warehouse = str(tmp_path / "wh")
-    root = entity_root(warehouse, "item")
+    root = Path(entity_root(warehouse, "item"))
     publish_small(root, "a", ds="2026-01-07")
     publish_small(root, "b", ds="2026-01-08", seed=1)
     assert open_index(warehouse, "item").manifest["run_id"] == "b"
@@ -520,14 +521,22 @@ def test_open_index_by_day(tmp_path):
         open_index(warehouse, "item", "2026-01-09")
 
 
-@pytest.mark.parametrize("uri", ["s3://bucket/warehouse", "gs://b/w", "abfss://c@a.dfs.core.windows.net/w"])
-def test_object_store_warehouses_are_refused_with_the_reason(uri):
-    with pytest.raises(HirError, match="needs a local/POSIX filesystem.*conditional-put pointer"):
+@pytest.mark.parametrize(
+    "uri, message",
+    [
+        ("s3://bucket/warehouse", "use s3a://"),
+        ("gs://b/w", "unknown scheme 'gs://'"),
+        ("abfss://c@a.dfs.core.windows.net/w", "unknown scheme 'abfss://'"),
+    ],
+)
+def test_unknown_warehouse_schemes_are_refused_in_one_line(uri, message):
+    with pytest.raises(HirError, match=message):
         entity_root(uri, "item")
 
 
-def test_file_uri_is_a_local_warehouse(tmp_path):
-    assert entity_root(f"file://{tmp_path}", "item") == tmp_path.resolve() / "indexes" / "item"
+def test_file_uri_is_a_local_warehouse_and_remote_roots_stay_uris(tmp_path):
+    assert entity_root(f"file://{tmp_path}", "item") == str(tmp_path.resolve() / "indexes" / "item")
+    assert entity_root("s3a://bucket/wh/", "user") == "s3a://bucket/wh/indexes/user"
 
 
 # ------------------------------------------------------------------------------------------------ flags
@@ -542,7 +551,7 @@ def test_flags_parse_and_bad_values_are_one_line_errors():
         job.config_from_args(["--ds", "2026-01-07", "--entity-type", "shops"])
     with pytest.raises(HirError, match="not a size"):
         job.config_from_args(["--ds", "2026-01-07", "--memory-budget", "lots"])
-    with pytest.raises(HirError, match="local/POSIX"):
+    with pytest.raises(HirError, match="use s3a://"):
         job.config_from_args(["--ds", "2026-01-07", "--warehouse", "s3://b/w"])
 
 
@@ -628,7 +637,7 @@ def test_sharded_spark_build_equals_the_driver_build(spark, embeddings, driver_b
 
 
 def test_job_refuses_to_publish_below_the_target(spark, embeddings, driver_build):
-    root = entity_root(embeddings["warehouse"], "item")
+    root = Path(entity_root(embeddings["warehouse"], "item"))
     live = read_latest(root)
     with pytest.raises(
         HirError, match=r"reaches recall@10 0\.\d+ at best .* below --recall-target 0.99: not "
@@ -643,7 +652,7 @@ def test_job_refuses_to_publish_below_the_target(spark, embeddings, driver_build
 @pytest.mark.slow
 def test_job_process_killed_before_the_swap_leaves_latest_loadable(embeddings, driver_build):
     """The real thing: `hir build-index` in its own process (own JVM), SIGKILLed between rename and swap."""
-    root = entity_root(embeddings["warehouse"], "item")
+    root = Path(entity_root(embeddings["warehouse"], "item"))
     live = read_latest(root)
     expected = IndexReader(root).search(clustered(20, seed=4), 10)
     argv = ["--ds", str(DS), "--warehouse", embeddings["warehouse"], "--run-id", "killed-job"]
