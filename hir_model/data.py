@@ -6,6 +6,8 @@ Two readers sit behind one small interface (`RowReader.read(files, columns) -> c
 * `PetastormReader`: petastorm's `make_batch_reader` over the file URLs (the pipeline's default, DESIGN.md), and
 * `PyarrowReader`: `pyarrow.parquet`, file by file.
 
+Files are paths or URIs (file:, s3a://, hdfs://) opened through hir_model.storage, with its S3 settings.
+
 Both return the same arrays, so the trainer never depends on one library (tests/hir_model/test_data.py).
 
 Determinism: the rows are put in a canonical order (sorted by target node id) after reading, so the batches depend
@@ -29,6 +31,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
+from hir_model import storage
 from hir_model.batch import TOKEN_COLUMNS, ContentTable, TokenBatch, batch_from_columns, drop_with_descendants
 from schemas.codes import NODE_TYPES
 
@@ -103,12 +106,11 @@ class PyarrowReader:
     name = "pyarrow"
 
     def read(self, files: Sequence[str], columns: Sequence[str]) -> dict[str, np.ndarray]:
-        import pyarrow.fs as pafs
         import pyarrow.parquet as pq
 
         chunks: dict[str, list[np.ndarray]] = {c: [] for c in columns}
         for url in files:
-            fs, path = pafs.FileSystem.from_uri(file_url(url))
+            fs, path = storage.filesystem(url)
             with fs.open_input_file(path) as handle:
                 table = pq.ParquetFile(handle).read(columns=list(columns))
             for name in columns:
@@ -160,6 +162,9 @@ class PetastormReader:
                 warnings.simplefilter("ignore", DeprecationWarning)
                 with make_batch_reader(
                     [file_url(f) for f in files],
+                    # A remote store's filesystem with the configured settings; petastorm resolves local paths.
+                    # (On s3a:// petastorm 0.12 still strips the scheme with fsspec, which needs s3fs.)
+                    filesystem=None if storage.is_local(files[0]) else storage.filesystem(files[0])[0],
                     schema_fields=list(columns),
                     reader_pool_type="dummy",
                     workers_count=1,
@@ -184,12 +189,11 @@ def make_reader(name: str) -> RowReader:
 
 def parquet_row_counts(files: Sequence[str]) -> list[int]:
     """Rows per file from the Parquet footers (no data read)."""
-    import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
     counts = []
     for url in files:
-        fs, path = pafs.FileSystem.from_uri(file_url(url))
+        fs, path = storage.filesystem(url)
         with fs.open_input_file(path) as handle:
             counts.append(pq.ParquetFile(handle).metadata.num_rows)
     return counts

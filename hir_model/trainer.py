@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hir_model import storage
 from hir_model.batch import TokenBatch, sparse_view
 from hir_model.checkpoint import load_weights, read_config, read_metrics, write_model_dir
 from hir_model.config import ModelConfig, TrainConfig
@@ -239,7 +240,8 @@ class Trainer:
         """Train for `steps` more steps (default: up to train_config.steps), until the loader runs out, or until
         `stop()` says so (checked after each step's checkpoint).
 
-        With `checkpoint_root` and train_config.checkpoint_every > 0, saves `<root>/step-NNNNNNNN` every N steps.
+        With `checkpoint_root` (a path or URI) and train_config.checkpoint_every > 0, saves `<root>/step-NNNNNNNN`
+        every N steps.
         """
         remaining = steps if steps is not None else self.train_config.steps - self.step
         every = self.train_config.checkpoint_every
@@ -252,7 +254,7 @@ class Trainer:
             if on_metrics is not None:
                 on_metrics(metrics)
             if checkpoint_root is not None and every > 0 and self.step % every == 0:
-                self.save(Path(checkpoint_root) / f"step-{self.step:08d}")
+                self.save(storage.join(checkpoint_root, f"step-{self.step:08d}"))
             if len(done) >= remaining or (stop is not None and stop()):
                 break
         return done
@@ -303,8 +305,8 @@ class Trainer:
         model_dir: str | Path,
         quantiser: ResidualQuantiser | None = None,
         lineage: dict[str, Any] | None = None,
-    ) -> Path:
-        """Write a new model version directory (refuses to overwrite one)."""
+    ) -> Path | str:
+        """Write a new model version directory, local or remote (refuses to overwrite one)."""
         config = {"model": self.model_config.to_dict(), "train": self.train_config.to_dict()}
         return write_model_dir(model_dir, self.state(), config, self.history, lineage, quantiser)
 
@@ -319,7 +321,7 @@ class Trainer:
             except RuntimeError as err:
                 reason = " ".join(str(err).split())[:300]
                 raise ValueError(
-                    f"{Path(model_dir).name} has another architecture ({name}: {reason})"
+                    f"{storage.name(model_dir)} has another architecture ({name}: {reason})"
                 ) from None
         decay = [group["weight_decay"] for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])

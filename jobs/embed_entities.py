@@ -18,13 +18,14 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, run_job
+from hir_model import storage
+from hir_model.checkpoint import ModelPath, is_complete, list_versions, model_path, published_at
+from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, parse_place, run_job
 from jobs.common.delta import read_table, table_exists, table_path, table_snapshot, table_version, write_table
 from jobs.common.errors import HirError
 from jobs.common.spark import get_spark
@@ -69,7 +70,8 @@ def build_parser() -> JobArgumentParser:
     add_warehouse_flag(p)
     p.add_argument(
         "--model",
-        help="Model version directory. Default: the newest one under <warehouse>/models, which is what the "
+        type=parse_place,
+        help="Model version directory (a path, s3a:// or hdfs://). Default: the newest one under <warehouse>/models, which is what the "
         "train stage of the same pipeline run just wrote.",
     )
     p.add_argument(
@@ -159,31 +161,28 @@ def parse_temperature(value: str) -> float | None:
         raise argparse.ArgumentTypeError(f"--temperature must be auto or a number, got '{value}'") from None
 
 
-def resolve_model_dir(warehouse: str, model: str | None) -> Path:
-    """The model version directory to use; one-line error when there is none."""
+def resolve_model_dir(warehouse: str, model: str | None) -> ModelPath:
+    """The model version directory to use (a local Path or a remote URI); one-line error when there is none."""
     if model:
-        path = Path(model)
-        if not (path / "weights.pt").is_file():
+        path = model_path(model)
+        if not is_complete(path):
             raise HirError(f"model directory {path} has no weights.pt: not a trained model version")
         return path
-    root = Path(warehouse) / "models"
-    # Dot-folders are the trainer's run state and atomic-write staging, never a published version.
-    versions = sorted(
-        (p for p in root.glob("*") if not p.name.startswith(".") and (p / "weights.pt").is_file()),
-        key=lambda p: (p.stat().st_mtime, p.name),
-    )
+    root = storage.join(warehouse, "models")
+    versions = sorted(list_versions(root), key=lambda p: (published_at(p), storage.name(p)))
     if not versions:
         raise HirError(f"no trained model under {root}: run `hir train` first or pass --model")
     return versions[-1]
 
 
-def check_not_collapsed(model_dir: Path, allow: bool) -> None:
+def check_not_collapsed(model_dir: ModelPath, allow: bool) -> None:
     """Refuse a model whose training summary says it collapsed: its embeddings carry no information."""
     from hir_model.checkpoint import read_summary
 
     if read_summary(model_dir).get("collapsed") and not allow:
         raise HirError(
-            f"model {model_dir.name} collapsed in training: retrain, or pass --allow-collapsed to embed anyway"
+            f"model {storage.name(model_dir)} collapsed in training: retrain, or pass --allow-collapsed to embed "
+            "anyway"
         )
 
 
@@ -353,7 +352,7 @@ def vocab_continuity(vocab: DataFrame, previous: DataFrame | None, ds: dt.date) 
 
 
 def served_content(
-    spark: SparkSession, warehouse: str, model_dir: Path
+    spark: SparkSession, warehouse: str, model_dir: ModelPath
 ) -> tuple[tuple[str, ...], int | None]:
     """The entity_content files the model is served with: none for a model without content; else the version
     its training pinned (lineage) when it was trained on this warehouse, the latest otherwise, with the same
@@ -366,7 +365,8 @@ def served_content(
         return (), None
     if not table_exists(spark, ENTITY_CONTENT, warehouse):
         raise HirError(
-            f"model {model_dir.name} was trained with content vectors but {warehouse} has no entity_content: "
+            f"model {storage.name(model_dir)} was trained with content vectors but {warehouse} has no "
+            "entity_content: "
             "run `hir enrich` for the day first"
         )
     pinned = (read_lineage(model_dir).get("inputs") or {}).get("entity_content") or {}
@@ -382,12 +382,12 @@ def served_content(
     if dims - {config.content_dim}:
         raise HirError(
             f"entity_content version {snapshot.version} holds {sorted(dims)}-dimensional vectors, model "
-            f"{model_dir.name} was trained on {config.content_dim}: embed with the encoder it was trained on"
+            f"{storage.name(model_dir)} was trained on {config.content_dim}: embed with the encoder it was trained on"
         )
     return snapshot.files, snapshot.version
 
 
-def check_row_length(rows: DataFrame, model_dir: Path) -> None:
+def check_row_length(rows: DataFrame, model_dir: ModelPath) -> None:
     """Refuse, before Spark runs the model, neighbourhood rows longer than the model's max_tokens."""
     from hir_model.checkpoint import read_config
 
@@ -395,7 +395,7 @@ def check_row_length(rows: DataFrame, model_dir: Path) -> None:
     longest = rows.select(F.max(F.size("token_node_id"))).first()[0]
     if longest is not None and longest > max_tokens:
         raise HirError(
-            f"neighbourhood rows hold {longest} tokens, model {model_dir.name} takes at most {max_tokens}: "
+            f"neighbourhood rows hold {longest} tokens, model {storage.name(model_dir)} takes at most {max_tokens}: "
             f"sample with --max-tokens {max_tokens} or retrain"
         )
 
@@ -420,7 +420,9 @@ def embed(spark: SparkSession, cfg: EmbedConfig) -> EmbedReport:
         raise HirError(f"model {model_dir} has no quantiser: retrain with the current `hir train`")
     levels = model.quantiser.levels
     spec = EmbedSpec(
-        model_dir=str(model_dir.resolve()),
+        model_dir=storage.normalise(
+            model_dir
+        ),  # workers load it with the driver's storage settings (EmbedSpec)
         content_files=content_files,
         batch_size=cfg.batch_size,
         device=cfg.device,

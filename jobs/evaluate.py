@@ -47,7 +47,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from hir_model import storage
+from hir_model import checkpoint, storage
 from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_place, run_job
 from jobs.common.delta import read_table, sql_in, table_exists, table_path, write_table
 from jobs.common.errors import HirError
@@ -405,7 +405,8 @@ def run_history_pipeline(spark: SparkSession, cfg: EvalConfig, ds: dt.date, vari
             trained.report
             if trained.report is not None
             else train_encoder.TrainReport.of_existing(
-                Path(pipeline.read_lineage(wh, ds)["train"]["artifact"]), collapse_allowed=True
+                checkpoint.model_path(pipeline.read_lineage(wh, ds)["train"]["artifact"]),
+                collapse_allowed=True,
             )
         )
     # The ablations: the full model's train flags (as the history pipeline passed them) plus their own switch.
@@ -543,7 +544,9 @@ def vectors_of(pdf: pd.DataFrame, ids: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return found, matrix
 
 
-def variant_embeddings(spark: SparkSession, cfg: EvalConfig, ds: dt.date, model_dir: Path) -> pd.DataFrame:
+def variant_embeddings(
+    spark: SparkSession, cfg: EvalConfig, ds: dt.date, model_dir: Path | str
+) -> pd.DataFrame:
     """(node_id, node_type, vector) of the day's neighbourhoods under an ablation model, through the same
     pandas UDF as `hir embed` (nothing is written: the published tables belong to the full model)."""
     from jobs.embed_entities import served_content
@@ -551,7 +554,7 @@ def variant_embeddings(spark: SparkSession, cfg: EvalConfig, ds: dt.date, model_
 
     rows = read_table(spark, NEIGHBOURHOODS, cfg.history_warehouse).where(F.col("ds") == F.lit(ds))
     content_files, _ = served_content(spark, cfg.history_warehouse, model_dir)
-    spec = EmbedSpec(model_dir=str(model_dir.resolve()), content_files=content_files)
+    spec = EmbedSpec(model_dir=storage.normalise(model_dir), content_files=content_files)
     return (
         rows.mapInPandas(embed_partitions(spec), OUTPUT_SCHEMA)
         .select("node_id", "node_type", "vector")

@@ -17,8 +17,8 @@ Training: every next-period engagement (user, item) after a training cut-off tra
 negatives, logQ correction) on the graph as it stood before the cut-off (jobs.train.next_period, hir_model.pairs);
 the end of that period, held out by time, chooses the stopping epoch (hir_model.selection); the cross-view
 distillation regularises the same rows. A stderr progress line, a JSON-lines metrics log in the run folder
-(`<model-dir>/.runs/<version>/metrics.jsonl`), checkpoints every --checkpoint-every steps there, and `--resume`
-continuing the last checkpoint exactly. After training the residual quantiser (BoM codebooks) is fitted on the
+(`<model-dir>/.runs/<version>/metrics.jsonl`; in the local cache when --model-dir is remote), checkpoints every
+--checkpoint-every steps there, and `--resume` continuing the last checkpoint exactly. After training the residual quantiser (BoM codebooks) is fitted on the
 teacher embeddings of the day's entities; its usage/entropy/collision metrics and the purity of the items' level-0
 codes against their categories go into the last line of metrics.jsonl (`"summary": true`).
 
@@ -29,7 +29,8 @@ anchored closest to them within it); whatever the start, the day's codes are ren
 earlier day's `bom_tokens` gave the same entities (jobs.train.continuity), so token ids keep their meaning.
 
 Output: `<model-dir>/<version>/` (weights.pt loadable with torch.load(weights_only=True), config.json,
-quantiser.pt, metrics.jsonl, lineage.json), written atomically; an existing version is never overwritten. The
+quantiser.pt, metrics.jsonl, lineage.json), written atomically on a path, s3a:// or hdfs:// (hir_model.checkpoint);
+an existing version is never overwritten. The
 default version name hashes the flags, the input versions and the code version (a hash of the source of this job
 and every project module it imports: jobs.common.code), so a rerun of the same training
 finds its model and does nothing; a name given with --version that exists is refused. A run whose distillation
@@ -40,29 +41,36 @@ COLLAPSED with exit code 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from hir_model.checkpoint import load_quantiser, write_model_dir
+from hir_model import storage
+from hir_model.checkpoint import ModelPath, load_quantiser, model_path, version_exists, write_model_dir
 from hir_model.config import ModelConfig, TrainConfig
 from hir_model.data import NeighbourhoodRows, make_reader, read_content, read_neighbourhoods
 from hir_model.pairs import PairBatches, make_next_period_pairs, stack_periods, training_view
 from hir_model.selection import Validation
 from hir_model.verdict import day_verdict, embed_day
-from jobs.common.args import JobArgumentParser, add_warehouse_flag, parse_ds, parse_stage_weights, run_job
+from jobs.common.args import (
+    JobArgumentParser,
+    add_warehouse_flag,
+    parse_ds,
+    parse_place,
+    parse_stage_weights,
+    run_job,
+)
 from jobs.common.code import code_version as source_version
 from jobs.common.errors import HirError
 from jobs.common.stage import StageLog
@@ -147,8 +155,8 @@ class TrainJobConfig:
         return self.warm_epochs or max(1, math.ceil(self.epochs / 4))
 
     @property
-    def models(self) -> Path:
-        return Path(self.model_root) if self.model_root else Path(self.warehouse) / "models"
+    def models(self) -> ModelPath:
+        return model_root(self.warehouse, self.model_root)
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the trained weights (not where they are written, how they are read, or on which device)."""
@@ -185,7 +193,7 @@ class TrainJobConfig:
         out = {k: str(values[k]) if k in dated and values[k] is not None else values[k] for k in keep}
         # The version folder's name says which model was continued (its name hashes that model's own inputs);
         # where it lies does not change the weights.
-        out["warm_start"] = Path(self.warm_start).name if self.warm_start else None
+        out["warm_start"] = storage.name(self.warm_start) if self.warm_start else None
         out["stability_weight"] = self.stability_weight if self.warm_start else None  # no anchor when cold
         return out
 
@@ -219,7 +227,8 @@ def build_parser() -> JobArgumentParser:
     add_warehouse_flag(p)
     p.add_argument(
         "--model-dir",
-        help="Root of the model versions. Default <warehouse>/models: models sit beside the tables they were "
+        type=parse_place,
+        help="Root of the model versions (a path, s3a:// or hdfs://). Default <warehouse>/models: models sit beside the tables they were "
         "trained on, and the embed stage finds them without another flag.",
     )
     p.add_argument(
@@ -382,9 +391,10 @@ def build_parser() -> JobArgumentParser:
     g.add_argument(
         "--loader",
         choices=("petastorm", "pyarrow"),
-        default="petastorm",
-        help="Parquet reader feeding PyTorch. Default petastorm (the pipeline's standard, reads HDFS/S3 URLs); "
-        "pyarrow gives identical batches without it.",
+        default=None,
+        help="Parquet reader feeding PyTorch: petastorm (the default on a local warehouse) or pyarrow (identical "
+        "batches; the default on s3a:// and hdfs://, which petastorm 0.12 reads only through fsspec's s3fs, not "
+        "installed here).",
     )
     g.add_argument(
         "--device",
@@ -496,8 +506,7 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         raise HirError(f"--stability-weight must be 0 or more, got {args.stability_weight}")
     if args.warm_epochs is not None and args.warm_start == WARM_NONE:
         raise HirError("--warm-epochs needs --warm-start: a cold start trains for --epochs")
-    models = Path(args.model_dir) if args.model_dir else Path(args.warehouse) / "models"
-    warm = resolve_warm_start(args.warm_start, models, args.ds)
+    warm = resolve_warm_start(args.warm_start, model_root(args.warehouse, args.model_dir), args.ds)
     return TrainJobConfig(
         ds=args.ds,
         warehouse=args.warehouse,
@@ -523,7 +532,7 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         seed=args.seed,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
-        loader=args.loader,
+        loader=args.loader or ("petastorm" if storage.on_this_machine(args.warehouse) else "pyarrow"),
         device=args.device,
         threads=args.threads,
         dim=args.dim,
@@ -544,6 +553,11 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
 
 
 # -- training (no Spark) -------------------------------------------------------------------------------------
+
+
+def model_root(warehouse: str, model_dir: str | None) -> ModelPath:
+    """--model-dir, or `<warehouse>/models`: a local Path or a remote URI."""
+    return model_path(model_dir or storage.join(warehouse, "models"))
 
 
 def code_version() -> str:
@@ -599,11 +613,12 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     started = time.perf_counter()
     code = code_version()
     version = cfg.version or default_version(cfg, inputs, code)
-    if cfg.version is None and (cfg.models / version).exists():
+    final = model_path(storage.join(cfg.models, version))
+    if cfg.version is None and version_exists(final):
         # The derived name covers flags, input versions and code: this model is what the run would train, so a
         # rerun is a no-op (DESIGN: deterministic). A version named with --version is never reused or replaced.
-        return TrainReport.of_existing(cfg.models / version, cfg.allow_collapsed)
-    final = refuse_existing(cfg.models / version)
+        return TrainReport.of_existing(final, cfg.allow_collapsed)
+    refuse_existing(final)
     device = resolve_device(cfg.device)
     torch.set_num_threads(cfg.threads)
     log = StageLog("train", {"version": version, "loader": cfg.loader, "device": str(device)})
@@ -646,7 +661,7 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     steps = cfg.steps or cfg.budget_epochs * layout.batches_per_epoch
     model_config, train_config = build_configs(cfg, rows, content.content_dim if content else 0, steps)
 
-    run_dir = cfg.models / RUNS_DIR / version
+    run_dir = storage.join(cfg.models, RUNS_DIR, version)
     run_key = {
         "fingerprint": cfg.fingerprint(),
         "inputs": inputs.versions(),
@@ -702,7 +717,7 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "summary": True,
         "steps": trainer.step,
         "epochs": round(trainer.step / layout.batches_per_epoch, 3),
-        "warm_start": Path(cfg.warm_start).name if cfg.warm_start else None,
+        "warm_start": storage.name(cfg.warm_start) if cfg.warm_start else None,
         "rows": len(rows),
         "rows_by_type": {t: int((rows.node_type == t).sum()) for t in sorted(set(rows.node_type.tolist()))},
         "pairs": len(stacked.pairs),
@@ -746,9 +761,9 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "resumed_from_step": resumed_from,
         "warm_start": (
             {
-                "version": Path(cfg.warm_start).name,
+                "version": storage.name(cfg.warm_start),
                 "path": cfg.warm_start,
-                "ds": str(model_day(Path(cfg.warm_start))),
+                "ds": str(model_day(cfg.warm_start)),
             }
             if cfg.warm_start
             else None
@@ -767,7 +782,8 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         )
     except FileExistsError as err:
         raise HirError(str(err)) from None
-    shutil.rmtree(run_dir, ignore_errors=True)
+    with contextlib.suppress(OSError, HirError):  # the version is written: a leftover work folder is harmless
+        storage.remove(run_dir)
     log.counts.update(
         rows_in=len(rows),
         pairs=len(stacked.pairs),
@@ -791,7 +807,7 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(argv)
     if cfg.version:  # a named version that exists is refused before any Spark work
-        refuse_existing(cfg.models / cfg.version)
+        refuse_existing(model_path(storage.join(cfg.models, cfg.version)))
     from jobs.common.spark import get_spark
 
     spark = get_spark("hir-train")

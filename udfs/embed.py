@@ -1,17 +1,21 @@
 """The Spark <-> model bridge of the embed stage: a mapInPandas function that loads the model once per Python
-worker and turns Arrow batches of neighbourhood rows into embeddings and Bag-of-Meaning codes."""
+worker and turns Arrow batches of neighbourhood rows into embeddings and Bag-of-Meaning codes.
+
+Python workers are processes of their own, on any machine of the cluster: they read the model version (a path or
+a remote URI, copied once per machine into storage's cache) and the content files with the storage settings the
+driver had when it built the EmbedSpec, which travel in the spec."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
-from urllib.parse import urlparse
 
 import numpy as np
 import pandas as pd
 from pyspark.sql.types import ArrayType, FloatType, IntegerType, LongType, StringType, StructField, StructType
 
+from hir_model import storage
 from hir_model.batch import TOKEN_COLUMNS as _TOKEN_ARRAYS
 
 # The neighbourhood columns the model reads (hir_model.batch owns the list).
@@ -42,6 +46,8 @@ class EmbedSpec:
     # Hysteresis of the hard codes, in temperatures (ResidualQuantiser.bag); used where rows carry the column
     # PREVIOUS_CODES (yesterday's path, null for an entity without one).
     stickiness: float = 0.0
+    # How the workers reach a remote store: the driver's settings when the spec is built (picklable, frozen).
+    storage_settings: storage.S3Settings = field(default_factory=storage.s3_settings)
 
 
 PREVIOUS_CODES = "previous_codes"
@@ -76,20 +82,29 @@ def choose_device(requested: str):
 
 
 @lru_cache(maxsize=2)
-def load_for_worker(model_dir: str, content_files: tuple[str, ...], device: str):
-    """(model, content table or None), loaded once per worker process and reused by every task it runs."""
+def load_for_worker(
+    model_dir: str,
+    content_files: tuple[str, ...],
+    device: str,
+    settings: storage.S3Settings | None = None,
+):
+    """(model, content table or None), loaded once per worker process and reused by every task it runs.
+    `settings`: the driver's storage settings, which this process takes on before it reads anything."""
     import pyarrow.parquet as pq
     import torch
 
     from hir_model.batch import ContentTable
     from hir_model.checkpoint import load_model
 
+    if settings is not None:
+        storage.configure(settings)
     model = load_model(model_dir, device=torch.device(device))
     model.encoder.eval()
     content = None
     if content_files and model.config.use_content and model.config.content_dim > 0:
+        filesystem, _ = storage.filesystem(content_files[0])
         table = pq.ParquetDataset(
-            [urlparse(f).path if f.startswith("file:") else f for f in content_files]
+            [storage.filesystem(f)[1] for f in content_files], filesystem=filesystem
         ).read(columns=["node_id", "vector"])
         vectors = np.stack(table.column("vector").to_numpy(zero_copy_only=False)).astype(np.float32)
         content = ContentTable(table.column("node_id").to_numpy(), vectors)
@@ -143,7 +158,9 @@ def embed_partitions(spec: EmbedSpec) -> Callable[[Iterator[pd.DataFrame]], Iter
 
     def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         device = choose_device(spec.device)
-        model, content = load_for_worker(spec.model_dir, spec.content_files, str(device))
+        model, content = load_for_worker(
+            spec.model_dir, spec.content_files, str(device), spec.storage_settings
+        )
         for pdf in batches:
             for start in range(0, len(pdf), spec.batch_size):
                 yield embed_frame(pdf.iloc[start : start + spec.batch_size], model, content, device, spec)

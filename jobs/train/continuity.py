@@ -12,7 +12,6 @@ flip the entities that sit near a boundary.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,36 +20,43 @@ from typing import Any
 import numpy as np
 import torch
 
-from hir_model.checkpoint import LINEAGE_FILE, WEIGHTS_FILE
+from hir_model import storage
+from hir_model.checkpoint import (
+    WEIGHTS_FILE,
+    ModelPath,
+    is_complete,
+    list_versions,
+    model_path,
+    published_at,
+    read_lineage,
+)
 from hir_model.quantiser import ResidualQuantiser, code_alignment
 from jobs.common.errors import HirError
 
 WARM_NONE, WARM_PREVIOUS = "none", "previous"
 
 
-def model_day(model_dir: Path) -> dt.date | None:
+def model_day(model_dir: str | Path) -> dt.date | None:
     """The ds a model version was trained for (its lineage), None when unreadable."""
     try:
-        return dt.date.fromisoformat(json.loads((model_dir / LINEAGE_FILE).read_text())["ds"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return dt.date.fromisoformat(read_lineage(model_dir)["ds"])
+    except (OSError, ValueError, KeyError, TypeError, HirError):
         return None
 
 
-def previous_model(models: Path, ds: dt.date) -> Path | None:
+def previous_model(models: str | Path, ds: dt.date) -> ModelPath | None:
     """The newest model version of the latest day before `ds` under `models` (ties: the newest folder)."""
     found = []
-    for path in models.glob("*") if models.is_dir() else []:
-        if path.name.startswith(".") or not (path / WEIGHTS_FILE).is_file():
-            continue
+    for path in list_versions(models):
         day = model_day(path)
         if day is not None and day < ds:
-            found.append((day, path.stat().st_mtime, path.name, path))
+            found.append((day, published_at(path), storage.name(path), path))
     return max(found)[-1] if found else None
 
 
-def resolve_warm_start(value: str, models: Path, ds: dt.date) -> Path | None:
+def resolve_warm_start(value: str, models: str | Path, ds: dt.date) -> ModelPath | None:
     """--warm-start: none (cold), previous (the latest earlier day's model; cold, with a note, when there is none),
-    a version name under --model-dir, or a model version folder."""
+    a version name under --model-dir, or a model version folder (a path or URI)."""
     if value == WARM_NONE:
         return None
     if value == WARM_PREVIOUS:
@@ -61,13 +67,14 @@ def resolve_warm_start(value: str, models: Path, ds: dt.date) -> Path | None:
                 file=sys.stderr,
             )
         return found
-    path = Path(value) if ("/" in value or Path(value).is_dir()) else models / value
-    if not (path / WEIGHTS_FILE).is_file():
+    named = "/" in value or (storage.is_local(value) and Path(value).is_dir())
+    path = model_path(value if named else storage.join(models, value))
+    if not is_complete(path):
         raise HirError(f"--warm-start {value}: {path} is not a model version (no {WEIGHTS_FILE})")
     day = model_day(path)
     if day is not None and day >= ds:
         raise HirError(f"--warm-start {value}: that model was trained for {day}, not a day before {ds}")
-    return path.resolve()
+    return path
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,7 @@ def align_quantiser(
     return quantiser.permuted(perms), renamed, report
 
 
-def aligned_day(model_dir: Path) -> dt.date | None:
+def aligned_day(model_dir: str | Path) -> dt.date | None:
     """The day whose `bom_tokens` ids the model's quantiser was renamed to (its training summary), None when the
     codes were not aligned (no earlier day, or hir train --no-align-tokens)."""
     from hir_model.checkpoint import read_summary

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hir_model.data import file_url
+from hir_model import storage
 from jobs.common.delta import TableSnapshot, first_line, table_snapshot
 from jobs.common.errors import HirError
 from jobs.sample_neighbourhoods import SampleConfig
@@ -142,10 +142,9 @@ def resolve_inputs(spark, cfg: TrainJobConfig) -> TrainingInputs:
 
 def neighbourhoods_max_tokens(snapshot: TableSnapshot) -> int:
     """Row length of the day's neighbourhoods (the input rows are cut to the same), from one file's first row."""
-    import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    fs, path = pafs.FileSystem.from_uri(file_url(snapshot.files[0]))
+    fs, path = storage.filesystem(snapshot.files[0])
     with fs.open_input_file(path) as handle:
         first = pq.ParquetFile(handle).read_row_group(0, columns=["token_node_id"]).slice(0, 1)
     return len(first.column(0)[0])

@@ -1,12 +1,18 @@
 """A training run's life: its work folder under `<model-dir>/.runs/<version>/` (run key, checkpoints, the live
 metrics log), a fresh start or `--resume` from the latest checkpoint, the epoch-end validation that stops it, the
 progress line, and the report of the finished run.
+
+The work folder lives where the model root does (a path, s3a://, hdfs://), so a run killed on one machine resumes
+on another; each checkpoint is written like a model version (hir_model.checkpoint), so a checkpoint killed while it
+was written is ignored. A remote store cannot append, so there the live metrics log is a local file in storage's
+cache (`<HIR_CACHE_DIR>/runs/`); the checkpoints carry the steps' metrics either way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -15,7 +21,8 @@ from typing import Any, TextIO
 
 import torch
 
-from hir_model.checkpoint import read_metrics
+from hir_model import storage
+from hir_model.checkpoint import ModelPath, is_complete, read_metrics, version_exists
 from hir_model.config import ModelConfig, TrainConfig
 from hir_model.pairs import PairBatches
 from hir_model.selection import Validation
@@ -25,8 +32,8 @@ from jobs.common.errors import HirError
 RUNS_DIR = ".runs"  # under the model root: work folders of runs in progress (checkpoints, live metrics log)
 
 
-def refuse_existing(model_dir: Path) -> Path:
-    if model_dir.exists():
+def refuse_existing(model_dir: ModelPath) -> ModelPath:
+    if version_exists(model_dir):
         raise HirError(
             f"model version {model_dir} already exists; versions are immutable: pass another --version"
         )
@@ -84,7 +91,7 @@ class Progress:
 @dataclass(frozen=True)
 class TrainReport:
     version: str
-    path: Path
+    path: ModelPath
     steps: int
     seconds: float
     collapsed: bool
@@ -98,10 +105,10 @@ class TrainReport:
         return self.collapsed and not self.collapse_allowed
 
     @classmethod
-    def of_existing(cls, path: Path, collapse_allowed: bool = False) -> TrainReport:
+    def of_existing(cls, path: ModelPath, collapse_allowed: bool = False) -> TrainReport:
         summary = read_metrics(path)[-1]
         return cls(
-            path.name,
+            storage.name(path),
             path,
             summary["steps"],
             0.0,
@@ -147,22 +154,40 @@ class TrainReport:
         )
 
 
-def _latest_checkpoint(folder: Path) -> Path | None:
-    steps = sorted(folder.glob("step-*")) if folder.is_dir() else []
-    return steps[-1] if steps else None
+CHECKPOINT_PREFIX = "step-"
+
+
+def _checkpoints(folder: str) -> list[str]:
+    """The complete checkpoints in a run's folder, oldest first (a killed checkpoint write has no weights.pt)."""
+    names = [n for n in storage.listdir(folder) if n.startswith(CHECKPOINT_PREFIX)]
+    return [storage.join(folder, n) for n in names if is_complete(storage.join(folder, n))]
+
+
+def _prune_checkpoints(folder: str) -> None:
+    """Keep the latest complete checkpoint; drop every older step folder, complete or not."""
+    complete = _checkpoints(folder)
+    if not complete:
+        return
+    keep = storage.name(complete[-1])
+    for name in storage.listdir(folder):
+        if name.startswith(CHECKPOINT_PREFIX) and name < keep:
+            with contextlib.suppress(OSError):
+                storage.remove(storage.join(folder, name))
 
 
 def start_or_resume(
-    resume: bool, version: str, run_dir: Path, run_key: dict[str, Any], device: torch.device
+    resume: bool, version: str, run_dir: str | Path, run_key: dict[str, Any], device: torch.device
 ) -> tuple[Trainer, int | None]:
     """A fresh trainer in a fresh run folder, or (--resume) the run's latest checkpoint, refusing one that was
     started with other settings. Returns the trainer and the step it resumed from (None when fresh)."""
-    checkpoints = run_dir / "checkpoints"
-    latest = _latest_checkpoint(checkpoints)
+    checkpoints = storage.join(run_dir, "checkpoints")
+    found = _checkpoints(checkpoints)
+    latest = found[-1] if found else None
+    run_file = storage.join(run_dir, "run.json")
     if resume:
         if latest is None:
             raise HirError(f"--resume: no checkpoint of version {version} under {checkpoints}")
-        saved = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else None
+        saved = json.loads(storage.read_text(run_file)) if storage.is_file(run_file) else None
         if saved != json.loads(json.dumps(run_key)):
             raise HirError(
                 f"--resume: the run of version {version} was started with other flags or inputs; "
@@ -170,17 +195,25 @@ def start_or_resume(
             )
         trainer = Trainer.resume(latest, device=device)
         return trainer, trainer.step
-    if run_dir.exists():
-        note = f" (last checkpoint {latest.name})" if latest else ""
+    if storage.exists(run_dir):
+        note = f" (last checkpoint {storage.name(latest)})" if latest else ""
         print(
             f"note: discarding an interrupted run of {version}{note}; pass --resume to continue one",
             file=sys.stderr,
         )
-        shutil.rmtree(run_dir)
-    checkpoints.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps(run_key, indent=2, sort_keys=True) + "\n")
+        storage.remove(run_dir)
+    storage.write_text(run_file, json.dumps(run_key, indent=2, sort_keys=True) + "\n")
     model_config = ModelConfig.from_dict(run_key["model"])
     return Trainer(model_config, TrainConfig.from_dict(run_key["train"]), device=device), None
+
+
+def live_log(run_dir: str | Path) -> Path:
+    """The run's live metrics.jsonl (tail -f): in the run folder when it is local, else a local file in storage's
+    cache named after the run folder."""
+    if storage.is_local(run_dir):
+        return storage.local_path(run_dir) / "metrics.jsonl"
+    tag = hashlib.sha256(storage.normalise(run_dir).encode()).hexdigest()[:12]
+    return storage.cache_root() / "runs" / f"{storage.name(run_dir)}-{tag}.metrics.jsonl"
 
 
 @dataclass(frozen=True)
@@ -207,12 +240,15 @@ class EpochSelection:
 
 
 def fit_logged(
-    trainer: Trainer, loader: PairBatches, run_dir: Path, progress: Progress, selection: EpochSelection
+    trainer: Trainer, loader: PairBatches, run_dir: str | Path, progress: Progress, selection: EpochSelection
 ) -> None:
     """Train until the loader ends or the selection stops it, appending every step to the run's live
     metrics.jsonl (tail -f) and the progress line, keeping only the latest checkpoint."""
-    checkpoints = run_dir / "checkpoints"
-    with open(run_dir / "metrics.jsonl", "w") as live:
+    checkpoints = storage.join(run_dir, "checkpoints")
+    every = trainer.train_config.checkpoint_every
+    log = live_log(run_dir)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as live:
         for row in trainer.history:  # a resumed run's log starts with the steps it keeps
             live.write(json.dumps(row, sort_keys=True) + "\n")
         live.flush()
@@ -222,9 +258,10 @@ def fit_logged(
             live.write(json.dumps(metrics, sort_keys=True) + "\n")
             live.flush()
             progress.update(metrics)
-            # fit saves this step's checkpoint right after: drop all but the latest complete one.
-            for old in sorted(checkpoints.glob("step-*"))[:-1]:
-                shutil.rmtree(old, ignore_errors=True)
+            # fit saves this step's checkpoint right after; once the last step saved one, drop the older ones
+            # (a listing per checkpoint, not per step: on an object store each is a request).
+            if every > 0 and (trainer.step - 1) % every == 0:
+                _prune_checkpoints(checkpoints)
 
         trainer.fit(
             loader,

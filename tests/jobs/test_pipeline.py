@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from hir_model import storage
 from jobs import pipeline
 from jobs.common.args import run_job
 from jobs.common.delta import read_table, table_exists, table_version
@@ -174,6 +175,63 @@ def test_a_full_run_writes_every_output_and_lists_every_stage_as_ran(spark, day)
     assert summary[0].split(":")[1].startswith(" 8 ran, 0 skipped, 0 failed")
     assert [row.split()[:2] for row in summary[2:]] == [[name, "ran"] for name in DAY_STAGES]
     assert not list(Path(lineage_path(str(day.warehouse), pipeline.parse_ds(DS))).parent.glob(".*tmp*"))
+
+
+@pytest.mark.slow
+def test_the_same_day_on_an_s3a_warehouse_writes_the_same_tables_lineage_model_and_index(
+    s3_spark, s3_server, day
+) -> None:
+    """Every stage against a real S3 server (s3proxy): what the local day wrote, apart from where it is."""
+    remote = s3_server.new_bucket("pipeline-day") + "/warehouse"
+    report, text = run(s3_spark, remote, day.config)
+    assert list(statuses(report).items()) == [(name, "ran") for name in DAY_STAGES], text[-3000:]
+    assert versions(s3_spark, remote) == day.versions
+    for spec in TABLES:
+        drop = [c for c in ("input_file", "run_id") if c in spec.columns]
+        ours = sorted(map(tuple, read_table(s3_spark, spec, remote).drop(*drop).collect()), key=repr)
+        local = sorted(map(tuple, read_table(s3_spark, spec, day.warehouse).drop(*drop).collect()), key=repr)
+        assert ours == local, spec.name
+
+    # Lineage: the same stages, table versions and fingerprints of everything but the place; artifacts at the
+    # same place under each warehouse.
+    remote_records = json.loads(storage.read_text(lineage_path(remote, pipeline.parse_ds(DS))))["stages"]
+    local_records = records(day.warehouse)
+    assert list(remote_records) == list(local_records)
+    local_root = str(day.warehouse.resolve())
+    for name, record in remote_records.items():
+        assert (
+            record["inputs"] == local_records[name]["inputs"]
+            and record["outputs"] == local_records[name]["outputs"]
+        )
+        if local_records[name].get("artifact"):
+            assert record["artifact"].removeprefix(remote) == local_records[name]["artifact"].removeprefix(
+                local_root
+            )
+
+    # The model version: the same name and files, its lineage the same apart from paths.
+    (model,) = models(day.warehouse)
+    version = storage.join(remote, "models", model.name)
+    assert storage.listdir(version) == sorted(p.name for p in model.iterdir())
+    assert storage.read_bytes(storage.join(version, "weights.pt")) == (model / "weights.pt").read_bytes()
+
+    # The index: LATEST names a version whose manifest matches the local one on everything but time and place.
+    live = storage.read_text(storage.join(remote, "indexes", "item", "LATEST")).strip()
+    ours = json.loads(storage.read_text(storage.join(remote, "indexes", "item", live, "manifest.json")))
+    local = json.loads(
+        (day.warehouse / "indexes" / "item" / latest(day.warehouse) / "manifest.json").read_text()
+    )
+    for key in (
+        "count",
+        "dim",
+        "factory",
+        "metric",
+        "model_version",
+        "search_params",
+        "source_table_version",
+    ):
+        if key in local:
+            assert ours[key] == local[key], key
+    assert not Path("s3a:").exists()
 
 
 @pytest.mark.slow

@@ -28,20 +28,37 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from hir_model.checkpoint import load_model, load_quantiser, read_lineage, read_metrics
+from hir_model import storage
+from hir_model.checkpoint import (
+    list_versions,
+    load_model,
+    load_quantiser,
+    load_weights,
+    read_lineage,
+    read_metrics,
+)
 from hir_model.data import PyarrowReader, read_neighbourhoods
 from hir_model.encoder import hash_node_ids
 from jobs import train_encoder
 from jobs.build_graph import node_id
 from jobs.common.args import run_job
-from jobs.common.delta import TableSnapshot, table_path, table_snapshot, write_table
+from jobs.common.delta import TableSnapshot, read_table, table_path, table_snapshot, write_table
 from jobs.common.errors import HirError
 from jobs.sample_neighbourhoods import SampleConfig
 from jobs.train.inputs import TrainingInputs, categories_of_items
 from jobs.train.next_period import NextPeriod, next_period
 from jobs.train_encoder import code_version, config_from_args, default_version, resolve_inputs, train
 from schemas.codes import EDGE_TYPES, NODE_TYPES
-from schemas.tables import EDGES, ENTITIES, ENTITY_CONTENT, EVENTS, NEIGHBOURHOODS, TableSpec
+from schemas.tables import (
+    EDGES,
+    EMBEDDINGS,
+    ENTITIES,
+    ENTITY_CONTENT,
+    EVENTS,
+    NEIGHBOURHOODS,
+    NODES,
+    TableSpec,
+)
 
 DAY, NEXT_DAY, LEAKY_DAY = dt.date(2026, 1, 7), dt.date(2026, 1, 8), dt.date(2026, 1, 9)
 L = 10  # max_tokens of the fixture's neighbourhoods
@@ -614,3 +631,109 @@ def test_ablation_flags_reach_the_model_config_and_name_another_version(tables, 
     assert all(m["loss"] == pytest.approx(m["retrieval"]) for m in history)
     report = train(no_bias, inputs_a)
     assert json.loads((report.path / "config.json").read_text())["model"]["use_attention_bias"] is False
+
+
+def test_resume_from_checkpoints_on_an_object_store(
+    trained, tables, inputs_a, s3_server, s3_settings, monkeypatch, tmp_path
+) -> None:
+    monkeypatch.setenv("HIR_CACHE_DIR", str(tmp_path / "cache"))
+    warehouse, version_a, _ = tables
+    _, reference, _ = trained
+    models = s3_server.new_bucket("train-resume") + "/models"
+    flags = argv(
+        warehouse, "--neighbourhoods-version", str(version_a), "--model-dir", models, "--version", "resumed",
+        "--loader", "pyarrow",
+    )  # fmt: skip
+    update = train_encoder.Progress.update
+
+    def crash_at_step_3(self, metrics):
+        if metrics["step"] == 3:
+            raise Interrupted
+        update(self, metrics)
+
+    monkeypatch.setattr(train_encoder.Progress, "update", crash_at_step_3)
+    with pytest.raises(Interrupted):
+        train(config_from_args(flags), inputs_a)
+    monkeypatch.undo()
+    monkeypatch.setenv("HIR_CACHE_DIR", str(tmp_path / "cache"))
+    run_dir = storage.join(models, ".runs", "resumed")
+    assert storage.listdir(storage.join(run_dir, "checkpoints")) == ["step-00000002"]
+    assert list_versions(models) == []  # nothing published by a killed run
+
+    report = train(config_from_args([*flags, "--resume"]), inputs_a)
+    assert report.path == storage.join(models, "resumed")
+    assert read_lineage(report.path)["resumed_from_step"] == 2
+    assert not storage.exists(run_dir)  # the work folder goes once the version is written
+    resumed = load_weights(report.path)
+    uninterrupted = torch.load(reference / "weights.pt", weights_only=True)
+    for part in ("student", "teacher", "student_head", "teacher_head"):
+        for name, tensor in uninterrupted[part].items():
+            assert torch.equal(resumed[part][name], tensor), f"{part}.{name}"
+    strip = lambda rows: [m for m in rows if not m.get("summary")]  # noqa: E731
+    assert strip(read_metrics(report.path)) == strip(read_metrics(reference))
+
+
+def _scrubbed(value, *warehouses: str):
+    """A lineage or config with what differs between two warehouses by design taken out: the warehouse's own
+    location, Parquet file names, timings and creation times."""
+    if isinstance(value, dict):
+        return {
+            k: _scrubbed(v, *warehouses)
+            for k, v in value.items()
+            if k not in ("files", "created_at", "seconds", "warehouse")
+        }
+    if isinstance(value, list):
+        return [_scrubbed(v, *warehouses) for v in value]
+    if isinstance(value, str):
+        for warehouse in warehouses:
+            value = value.replace(warehouse, "<warehouse>")
+    return value
+
+
+@pytest.mark.slow  # about two minutes: twelve Delta writes, two trainings and two embed runs
+def test_train_and_embed_on_an_s3a_warehouse_equal_a_local_warehouse(
+    s3_spark, s3_server, tables, tmp_path, monkeypatch
+) -> None:
+    from jobs.embed_entities import EmbedConfig, embed
+
+    monkeypatch.setenv("HIR_CACHE_DIR", str(tmp_path / "cache"))
+    source, version_a, _ = tables
+    local = storage.normalise(tmp_path / "warehouse")
+    remote = s3_server.new_bucket("train-embed") + "/warehouse"
+    nodes = s3_spark.createDataFrame(
+        [
+            spec_row(NODES, node_id=n(i), source="test", node_type="item", raw_id=str(i), ds=DAY)
+            for i in ITEMS_A
+        ],
+        NODES.schema,
+    )
+    for warehouse in (local, remote):  # the same tables, each written once: the same Delta versions
+        for spec in (EVENTS, ENTITIES, EDGES, ENTITY_CONTENT):
+            write_table(read_table(s3_spark, spec, source), spec, warehouse, None)
+        write_table(read_table(s3_spark, NEIGHBOURHOODS, source, version_a), NEIGHBOURHOODS, warehouse, None)
+        write_table(nodes, NODES, warehouse, None)
+        # pyarrow: petastorm 0.12 names s3a:// files through fsspec, which needs s3fs (not installed)
+        assert train_encoder.main(argv(warehouse, "--loader", "pyarrow")) == 0
+        embed(s3_spark, EmbedConfig(ds=DAY, warehouse=warehouse, top_n=2, batch_size=8))
+
+    (local_model,) = list_versions(storage.join(local, "models"))
+    (remote_model,) = list_versions(storage.join(remote, "models"))
+    assert storage.name(remote_model) == storage.name(local_model)  # flags, input versions, code: same name
+    assert storage.listdir(remote_model) == storage.listdir(local_model)
+    assert _scrubbed(read_lineage(remote_model), remote) == _scrubbed(read_lineage(local_model), local)
+    config = {
+        m: json.loads(storage.read_text(storage.join(m, "config.json"))) for m in (local_model, remote_model)
+    }
+    assert _scrubbed(config[remote_model], remote) == _scrubbed(config[local_model], local)
+    remote_weights, local_weights = load_weights(remote_model), load_weights(local_model)
+    for name, tensor in local_weights["student"].items():
+        assert torch.equal(remote_weights["student"][name], tensor), name
+
+    def vectors(warehouse: str) -> dict[int, np.ndarray]:
+        rows = read_table(s3_spark, EMBEDDINGS, warehouse).collect()
+        return {r["node_id"]: np.array(r["vector"], np.float32) for r in rows}
+
+    remote_vectors, local_vectors = vectors(remote), vectors(local)
+    assert sorted(remote_vectors) == sorted(local_vectors) and len(local_vectors) == 14
+    for node, vector in local_vectors.items():
+        np.testing.assert_allclose(remote_vectors[node], vector, atol=1e-5)
