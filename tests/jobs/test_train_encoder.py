@@ -459,15 +459,8 @@ class Interrupted(Exception):
     pass
 
 
-def test_resume_continues_to_the_same_model_as_an_uninterrupted_run(
-    trained, tables, inputs_a, monkeypatch
-) -> None:
-    warehouse, version_a, _ = tables
-    _, reference, _ = trained
-    # Same flags as the reference run, another version name, and the pyarrow loader this time.
-    flags = argv(
-        warehouse, "--neighbourhoods-version", str(version_a), "--version", "resumed", "--loader", "pyarrow"
-    )
+def train_interrupted_at_step_3(flags: list[str], inputs) -> None:
+    """Runs train with these flags and kills it (an exception out of the progress hook) at step 3."""
     update = train_encoder.Progress.update
 
     def crash_at_step_3(self, metrics):
@@ -475,10 +468,30 @@ def test_resume_continues_to_the_same_model_as_an_uninterrupted_run(
             raise Interrupted
         update(self, metrics)
 
-    monkeypatch.setattr(train_encoder.Progress, "update", crash_at_step_3)
-    with pytest.raises(Interrupted):
-        train(config_from_args(flags), inputs_a)
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_encoder.Progress, "update", crash_at_step_3)
+        with pytest.raises(Interrupted):
+            train(config_from_args(flags), inputs)
+
+
+def assert_same_training(resumed: dict, version, reference: Path) -> None:
+    """A resumed run's weights and per-step metrics equal the uninterrupted reference run's."""
+    uninterrupted = torch.load(reference / "weights.pt", weights_only=True)
+    for part in ("student", "teacher", "student_head", "teacher_head"):
+        for name, tensor in uninterrupted[part].items():
+            assert torch.equal(resumed[part][name], tensor), f"{part}.{name}"
+    strip = lambda rows: [m for m in rows if not m.get("summary")]  # noqa: E731
+    assert strip(read_metrics(version)) == strip(read_metrics(reference))
+
+
+def test_resume_continues_to_the_same_model_as_an_uninterrupted_run(trained, tables, inputs_a) -> None:
+    warehouse, version_a, _ = tables
+    _, reference, _ = trained
+    # Same flags as the reference run, another version name, and the pyarrow loader this time.
+    flags = argv(
+        warehouse, "--neighbourhoods-version", str(version_a), "--version", "resumed", "--loader", "pyarrow"
+    )
+    train_interrupted_at_step_3(flags, inputs_a)
     run_dir = warehouse / "models" / ".runs" / "resumed"
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-00000002"]
     assert not (warehouse / "models" / "resumed").exists()  # nothing published by a killed run
@@ -486,13 +499,7 @@ def test_resume_continues_to_the_same_model_as_an_uninterrupted_run(
     report = train(config_from_args([*flags, "--resume"]), inputs_a)
     assert read_lineage(report.path)["resumed_from_step"] == 2
     assert not run_dir.exists()  # the work folder goes once the version is written
-    resumed = torch.load(report.path / "weights.pt", weights_only=True)
-    uninterrupted = torch.load(reference / "weights.pt", weights_only=True)
-    for part in ("student", "teacher", "student_head", "teacher_head"):
-        for name, tensor in uninterrupted[part].items():
-            assert torch.equal(resumed[part][name], tensor), f"{part}.{name}"
-    strip = lambda rows: [m for m in rows if not m.get("summary")]  # noqa: E731
-    assert strip(read_metrics(report.path)) == strip(read_metrics(reference))
+    assert_same_training(torch.load(report.path / "weights.pt", weights_only=True), report.path, reference)
     assert torch.equal(load_quantiser(report.path).codebooks, load_quantiser(reference).codebooks)
 
 
@@ -644,18 +651,7 @@ def test_resume_from_checkpoints_on_an_object_store(
         warehouse, "--neighbourhoods-version", str(version_a), "--model-dir", models, "--version", "resumed",
         "--loader", "pyarrow",
     )  # fmt: skip
-    update = train_encoder.Progress.update
-
-    def crash_at_step_3(self, metrics):
-        if metrics["step"] == 3:
-            raise Interrupted
-        update(self, metrics)
-
-    monkeypatch.setattr(train_encoder.Progress, "update", crash_at_step_3)
-    with pytest.raises(Interrupted):
-        train(config_from_args(flags), inputs_a)
-    monkeypatch.undo()
-    monkeypatch.setenv("HIR_CACHE_DIR", str(tmp_path / "cache"))
+    train_interrupted_at_step_3(flags, inputs_a)
     run_dir = storage.join(models, ".runs", "resumed")
     assert storage.listdir(storage.join(run_dir, "checkpoints")) == ["step-00000002"]
     assert list_versions(models) == []  # nothing published by a killed run
@@ -664,13 +660,7 @@ def test_resume_from_checkpoints_on_an_object_store(
     assert report.path == storage.join(models, "resumed")
     assert read_lineage(report.path)["resumed_from_step"] == 2
     assert not storage.exists(run_dir)  # the work folder goes once the version is written
-    resumed = load_weights(report.path)
-    uninterrupted = torch.load(reference / "weights.pt", weights_only=True)
-    for part in ("student", "teacher", "student_head", "teacher_head"):
-        for name, tensor in uninterrupted[part].items():
-            assert torch.equal(resumed[part][name], tensor), f"{part}.{name}"
-    strip = lambda rows: [m for m in rows if not m.get("summary")]  # noqa: E731
-    assert strip(read_metrics(report.path)) == strip(read_metrics(reference))
+    assert_same_training(load_weights(report.path), report.path, reference)
 
 
 def _scrubbed(value, *warehouses: str):
