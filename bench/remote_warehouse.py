@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
+import shlex
 import sys
 import tempfile
 import time
@@ -21,11 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-# The synthetic week's last day held out; the history's own training at the pipeline tests' tiny sizes.
+# The synthetic week's last day held out; the history's model trained with the day's own [train] flags.
 EVALUATE = """
 [evaluate]
-args = ["--protocol", "temporal", "--cutoff", "2026-01-07T00:00:00+00:00", "--stage-args",
-        "train=--epochs 1 --batch-size 64 --dim 16 --heads 2 --prototypes 16 --id-buckets 4096 --loader pyarrow --no-progress --validation-share 0.0"]
+args = {args}
 methods = "hir,popularity,co_visitation"
 bootstrap = 50
 """
@@ -74,6 +75,7 @@ def main() -> int:
 
     from hir_model import storage
     from jobs.common.spark import get_spark
+    from jobs.pipeline import config_args
     from tests.jobs.test_pipeline import CONFIG  # the tiny day of the pipeline tests
     from tests.servers import start_s3proxy
 
@@ -85,7 +87,12 @@ def main() -> int:
             spark = get_spark("hir-bench-remote", shuffle_partitions=2, ui=False, extra_conf=conf)
             storage.configure(storage.S3Settings.from_hadoop(server.hadoop_conf()))
             config = folder / "pipeline.toml"
-            config.write_text(CONFIG + (EVALUATE if args.evaluate else ""))
+            config.write_text(CONFIG)
+            if args.evaluate:
+                train = shlex.join(config_args(str(config)).get("train", ()))
+                protocol = ["--protocol", "temporal", "--cutoff", "2026-01-07T00:00:00+00:00"]
+                evaluate = EVALUATE.format(args=json.dumps([*protocol, "--stage-args", f"train={train}"]))
+                config.write_text(CONFIG + evaluate)
             local, remote = str(folder / "warehouse"), server.new_bucket("bench") + "/warehouse"
             # A discarded day first: the JVM's warm-up (class loading, JIT) would otherwise fall on whichever
             # warehouse runs first and flatter the second.

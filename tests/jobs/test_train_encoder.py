@@ -474,9 +474,9 @@ def train_interrupted_at_step_3(flags: list[str], inputs) -> None:
             train(config_from_args(flags), inputs)
 
 
-def assert_same_training(resumed: dict, version, reference: Path) -> None:
-    """A resumed run's weights and per-step metrics equal the uninterrupted reference run's."""
-    uninterrupted = torch.load(reference / "weights.pt", weights_only=True)
+def assert_same_training(version: str | Path, reference: Path) -> None:
+    """A resumed version's weights and per-step metrics (local or on a store) equal the uninterrupted run's."""
+    resumed, uninterrupted = load_weights(version), load_weights(reference)
     for part in ("student", "teacher", "student_head", "teacher_head"):
         for name, tensor in uninterrupted[part].items():
             assert torch.equal(resumed[part][name], tensor), f"{part}.{name}"
@@ -499,7 +499,7 @@ def test_resume_continues_to_the_same_model_as_an_uninterrupted_run(trained, tab
     report = train(config_from_args([*flags, "--resume"]), inputs_a)
     assert read_lineage(report.path)["resumed_from_step"] == 2
     assert not run_dir.exists()  # the work folder goes once the version is written
-    assert_same_training(torch.load(report.path / "weights.pt", weights_only=True), report.path, reference)
+    assert_same_training(report.path, reference)
     assert torch.equal(load_quantiser(report.path).codebooks, load_quantiser(reference).codebooks)
 
 
@@ -660,7 +660,7 @@ def test_resume_from_checkpoints_on_an_object_store(
     assert report.path == storage.join(models, "resumed")
     assert read_lineage(report.path)["resumed_from_step"] == 2
     assert not storage.exists(run_dir)  # the work folder goes once the version is written
-    assert_same_training(load_weights(report.path), report.path, reference)
+    assert_same_training(report.path, reference)
 
 
 def _scrubbed(value, *warehouses: str):
