@@ -55,7 +55,8 @@ from jobs.common.spark import get_spark
 from jobs.common.stage import StageLog
 from jobs.eval import baselines as bl
 from jobs.eval.features import BASE_GENERATORS as RANKING_BASE_GENERATORS
-from jobs.eval.metrics import DEFAULT_KS, per_user_metrics, summarise
+from jobs.eval.metrics import DEFAULT_KS, UserMetrics, paired_bootstrap_diff, per_user_metrics, summarise
+from jobs.eval.report import DIFF_METRICS, is_hir
 from jobs.eval.split import PROTOCOLS, Split, last_conversion_split, temporal_split
 from schemas.tables import (
     BOM_TOKENS,
@@ -810,16 +811,52 @@ def level0_purity(tokens: DataFrame, attributes: DataFrame) -> tuple[float, int]
 
 
 def metric_rows(rankings: dict[str, dict[str, TopK]], data: EvalData, cfg: EvalConfig) -> list[dict]:
+    """Each method's metrics with bootstrap CIs per candidate set, slice and K; then HIR minus each baseline."""
     rows = []
     for candidates in CANDIDATE_SETS:
         for slice_ in SLICES:
             truth = slice_targets(data, candidates, slice_)
             if not truth:
                 continue
+            per_method = {}
             for method, by_pool in rankings.items():
                 per_user = per_user_metrics(by_pool.get(candidates, TopK()).items, truth, ks=cfg.ks)
+                per_method[method] = per_user
                 for row in summarise(per_user, samples=cfg.bootstrap, seed=cfg.seed):
                     rows.append({"method": method, "candidates": candidates, "slice": slice_, **row})
+            rows += [
+                {"candidates": candidates, "slice": slice_, **row} for row in hir_differences(per_method, cfg)
+            ]
+    return rows
+
+
+def hir_differences(per_method: dict[str, UserMetrics], cfg: EvalConfig) -> list[dict]:
+    """`hir_recall_diff` and `hir_ndcg_diff` rows, one per baseline and K: HIR's value minus the baseline's, with a
+    paired bootstrap CI over the same users (every method is scored on one slice's users, in one order)."""
+    hir = per_method.get("hir")
+    if hir is None:
+        return []
+    rows = []
+    for method, metrics in per_method.items():
+        if is_hir(method):
+            continue
+        for metric, name in DIFF_METRICS.items():
+            for k in sorted(cfg.ks):
+                key = f"{metric}@{k}"
+                value, low, high = paired_bootstrap_diff(
+                    hir.values[key], metrics.values[key], samples=cfg.bootstrap, seed=cfg.seed
+                )
+                rows.append(
+                    {
+                        "method": method,
+                        "metric": name,
+                        "k": int(k),
+                        "value": value,
+                        "ci_low": low,
+                        "ci_high": high,
+                        "num_users": len(hir.users),
+                    }
+                )
     return rows
 
 

@@ -447,8 +447,10 @@ EVAL_METRICS = TableSpec(
             _col(
                 "metric",
                 StringType(),
-                "recall, ndcg, hit_rate; ranking also auc, ndcg_lift and recall_lift (a ranker minus base, "
-                "paired over users) and level0_purity (hir_tokens: items' level-0 token against categories).",
+                "recall, ndcg, hit_rate; retrieval also hir_recall_diff and hir_ndcg_diff (on a baseline's "
+                "method: hir minus that baseline, paired over users); ranking also auc, ndcg_lift and "
+                "recall_lift (a ranker minus base, paired over users) and level0_purity (hir_tokens: items' "
+                "level-0 token against categories).",
                 False,
             ),
             _col("k", IntegerType(), "Cut-off K (0 where a metric has none: auc, level0_purity).", False),

@@ -38,6 +38,8 @@ DASHES = ("", "6 3", "2 3", "8 3 2 3")
 
 METRIC_LABELS = {"recall": "Recall", "ndcg": "NDCG", "hit_rate": "HitRate"}
 TABLE_METRICS = ("recall", "ndcg", "hit_rate")
+# Retrieval rows on a baseline's method: HIR minus that baseline, paired over users (jobs.evaluate.hir_differences).
+DIFF_METRICS = {"recall": "hir_recall_diff", "ndcg": "hir_ndcg_diff"}
 REPORT_FILE = "report.md"
 RECALL_CHART = "recall_at_k.svg"
 NDCG_CHART = "ndcg_at_k.svg"
@@ -507,8 +509,14 @@ def lift_line(rows_by_method: Mapping[str, Mapping[str, Mapping]], *, k: int) ->
         best = max(sorted(baselines), key=lambda m: baselines[m]["value"])
         base, ours = baselines[best]["value"], hir_row["value"]
         relative = f"{(ours - base) / base * 100:+.1f}%" if base > 0 else "n/a (baseline is 0)"
-        pieces.append(f"{label} {ours:.3f} vs `{best}` {base:.3f}: {ours - base:+.3f} ({relative})")
-    return "Lift of `hir` over the best baseline — " + "; ".join(pieces) + "."
+        paired = rows_by_method[best].get(DIFF_METRICS[metric])
+        ci = f" [{paired['ci_low']:+.3f}, {paired['ci_high']:+.3f}]" if _finite(paired) else ""
+        pieces.append(f"{label} {ours:.3f} vs `{best}` {base:.3f}: {ours - base:+.3f}{ci} ({relative})")
+    return (
+        "Lift of `hir` over the best baseline (paired 95% CI over the same users where measured) — "
+        + "; ".join(pieces)
+        + "."
+    )
 
 
 def render_markdown(
@@ -545,7 +553,7 @@ def render_markdown(
         rows_by_method = {
             method: {
                 metric: index.get((dataset, protocol, candidates, slice_, method, metric, k))
-                for metric in TABLE_METRICS
+                for metric in (*TABLE_METRICS, *DIFF_METRICS.values())
             }
             for method in methods
         }
@@ -553,7 +561,9 @@ def render_markdown(
         best = {}
         for metric in TABLE_METRICS:
             shown = [
-                round(rows[metric]["value"], 3) for rows in rows_by_method.values() if _finite(rows[metric])
+                round(rows[metric]["value"], 3)
+                for rows in rows_by_method.values()
+                if _finite(rows.get(metric))
             ]
             best[metric] = max(shown, default=None)
 

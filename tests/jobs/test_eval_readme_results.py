@@ -31,6 +31,35 @@ def test_table_has_a_row_per_method_hir_first_and_bolds_the_best_per_column():
     assert text.endswith("`warehouse/x/reports/temporal/2024-01-01/report.md`.")
 
 
+def test_the_paired_difference_against_each_columns_best_baseline_follows_the_table():
+    rows = [
+        row("hir", "graph", "all", "recall", 0.30),
+        row("hir", "graph", "all", "ndcg", 0.20),
+        row("als", "graph", "all", "recall", 0.40),
+        row("als", "graph", "all", "ndcg", 0.10),
+        row("co_visitation", "graph", "all", "recall", 0.35),
+        row("co_visitation", "graph", "all", "ndcg", 0.15),
+        # HIR minus each baseline, as the evaluation stores them: only the best baseline's are quoted.
+        {**row("als", "graph", "all", "hir_recall_diff", -0.10), "ci_low": -0.15, "ci_high": -0.05},
+        {**row("co_visitation", "graph", "all", "hir_recall_diff", -0.05), "ci_low": -0.09, "ci_high": 0.0},
+        {**row("co_visitation", "graph", "all", "hir_ndcg_diff", 0.05), "ci_low": 0.01, "ci_high": 0.08},
+        {**row("als", "graph", "all", "hir_ndcg_diff", 0.10), "ci_low": 0.06, "ci_high": 0.14},
+    ]
+    text = table(rows, None)
+    assert text.splitlines()[-1] == (
+        "`hir` minus the best baseline, paired over users [95% CI], bold where the CI is above zero: graph · all: "
+        "Recall@50 -0.100 [-0.150, -0.050] against `als`, NDCG@50 **+0.050** [+0.010, +0.080] against "
+        "`co_visitation`."
+    )
+    # The difference rows add no method and no column of their own.
+    assert [line.split(" |")[0] for line in text.splitlines()[2:5]] == [
+        "| `hir`",
+        "| `als`",
+        "| `co_visitation`",
+    ]
+    assert "hir_recall_diff" not in text and "minus the best" not in table(rows[:6], None)
+
+
 def test_replace_section_keeps_the_rest_and_needs_the_markers():
     readme = f"# T\n\nbefore\n{START}\nold\n{END}\nafter\n"
     out = replace_section(readme, f"{START}\nnew\n{END}")

@@ -179,9 +179,30 @@ def test_lift_line_against_the_best_baseline():
     text = markdown(result_rows())
     # Best baseline is covisitation (0.120 recall, 0.060 ndcg); the ablation hir_no_bias is not a baseline.
     assert (
-        "Lift of `hir` over the best baseline — Recall@50 0.150 vs `covisitation` 0.120: +0.030 (+25.0%); "
-        "NDCG@50 0.080 vs `covisitation` 0.060: +0.020 (+33.3%)." in text
+        "Lift of `hir` over the best baseline (paired 95% CI over the same users where measured) — Recall@50 "
+        "0.150 vs `covisitation` 0.120: +0.030 (+25.0%); NDCG@50 0.080 vs `covisitation` 0.060: +0.020 (+33.3%)."
+        in text
     )
+
+
+def test_lift_line_gives_the_paired_ci_of_hir_against_the_best_baseline_only():
+    rows = result_rows()
+    base = {k: v for k, v in rows[0].items() if k not in ("method", "metric", "value", "ci_low", "ci_high")}
+    # Paired differences stored on each baseline's method; only the best baseline's (covisitation) is quoted.
+    for method, metric, value, low, high in (
+        ("covisitation", "hir_ndcg_diff", 0.02, -0.004, 0.045),
+        ("popularity", "hir_ndcg_diff", 0.03, 0.011, 0.052),
+        ("covisitation", "hir_recall_diff", 0.03, 0.001, 0.061),
+    ):
+        rows.append(
+            {**base, "method": method, "metric": metric, "value": value, "ci_low": low, "ci_high": high}
+        )
+    text = markdown(rows)
+    assert "Recall@50 0.150 vs `covisitation` 0.120: +0.030 [+0.001, +0.061] (+25.0%)" in text
+    assert "NDCG@50 0.080 vs `covisitation` 0.060: +0.020 [-0.004, +0.045] (+33.3%)" in text
+    # The difference rows are not methods of their own: the table keeps one row per method, unchanged.
+    assert table_row(text, "covisitation").startswith("| `covisitation` | 0.120 [0.110, 0.130] |")
+    assert text.count("| `covisitation` |") == 1
 
 
 def test_lift_line_reports_losses_and_missing_hir():

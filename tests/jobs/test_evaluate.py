@@ -100,9 +100,20 @@ def test_every_method_slice_metric_and_k_is_written_with_a_ci(spark, evaluated):
     )
     expected = {(c, s) for c in job.CANDIDATE_SETS for s in job.SLICES if job.slice_targets(data, c, s)}
     assert {(r["candidates"], r["slice"]) for r in rows} == expected and ("catalog", "all") in expected
-    for r in rows:
+    diffs = [r for r in rows if r["metric"] in ("hir_recall_diff", "hir_ndcg_diff")]
+    for r in (r for r in rows if r not in diffs):
         assert 0.0 <= r["ci_low"] <= r["value"] + 1e-12 and r["value"] <= r["ci_high"] + 1e-12 <= 1.0 + 1e-12
         assert r["model_version"] == report.model_version and r["dataset"] == "synthetic"
+    # HIR minus each baseline, paired over the slice's users: the difference of the two methods' own means.
+    value = {(r["method"], r["candidates"], r["slice"], r["metric"], r["k"]): r["value"] for r in rows}
+    assert {(r["method"], r["metric"]) for r in diffs} == {
+        (b, f"hir_{m}_diff") for b in job.BASELINES for m in ("recall", "ndcg")
+    }
+    for r in diffs:
+        metric, place = r["metric"].split("_")[1], (r["candidates"], r["slice"])
+        expected = value[("hir", *place, metric, r["k"])] - value[(r["method"], *place, metric, r["k"])]
+        assert r["value"] == pytest.approx(expected, abs=1e-12)
+        assert r["ci_low"] - 1e-12 <= r["value"] <= r["ci_high"] + 1e-12 and -1.0 <= r["ci_low"]
     recall = {(r["method"], r["k"]): r["value"] for r in rows if r["metric"] == "recall" and r["slice"] == "all"
               and r["candidates"] == "catalog"}  # fmt: skip
     for method in job.METHODS:  # recall@K never falls as K grows
