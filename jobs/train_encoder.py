@@ -94,7 +94,7 @@ POSITIVE_WEIGHTS: dict[str, float] = {"view": 0.2, "favourite": 1.0, "cart": 3.0
 # Half the cores: the Spark driver JVM shares the machine, and on a 2-core box 2 torch threads ran a training step
 # 8x slower than 1 (6.3 s vs 0.8 s, measured on the shared 2-core CI box).
 DEFAULT_THREADS = max(1, (os.cpu_count() or 2) // 2)
-# Synthetic day 2 of a warm backfill (README Results, "Day to day"): weight 0 / 2 / 10 kept unchanged items at a
+# Synthetic day 2 of a warm backfill (docs/experiments.md, "Day to day"): weight 0 / 2 / 10 kept unchanged items at a
 # median cosine of 0.731 / 0.905 / 0.974 to yesterday, validation recall@50 0.450 / 0.400 / 0.424.
 DEFAULT_STABILITY = 10.0
 
