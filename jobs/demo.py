@@ -7,8 +7,8 @@
 Each dataset gets its own warehouse under ./warehouse/<dataset>/ (tables, models, indexes, the evaluation's
 history warehouse under eval/, the report under reports/). Model sizes come from conf/pipeline/demo.toml, plus a
 dataset's own training flags where its validation split chose them (Dataset.train); the evaluation trains its
-models with the same flags. Real datasets are skipped with a note when their folder is
-absent. A rerun resumes: stages whose outputs are fresh are skipped (the pipeline's lineage).
+models with the same flags. Real datasets are skipped with a note when their folder is absent. A rerun resumes:
+stages whose outputs are fresh are skipped (the pipeline's lineage).
 
 The demo evaluates the full model against every baseline, with ALS tuned over a 2-point grid, so that it fits in
 20 minutes on 2 cores. `--full` adds the three ablations (no attention bias, no distillation, no content: three
@@ -66,7 +66,7 @@ def datasets(shared: Path) -> list[Dataset]:
             ("--source", "synthetic", "--users", "1000", "--items", "2000", "--events", "60000"),
             ("--protocol", "temporal", "--cutoff", "2026-01-07T00:00:00+00:00"),
             # Three periods of pairs: best validation recall@50 0.621 against 0.552 with the next period alone
-            # (five periods: 0.629 at twice the pairs; docs/experiments.md).
+            # (five periods: 0.629, within noise, at 1.3 times the pairs of three; docs/experiments.md).
             train=("--train-periods", "3"),
         ),
         Dataset(

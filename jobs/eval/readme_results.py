@@ -24,7 +24,7 @@ from jobs.eval.report import (
     METRIC_LABELS,
     RANKERS,
     _ordered_methods,
-    is_hir,
+    best_baseline,
     relative_lift,
     union_recall_row,
 )
@@ -108,14 +108,13 @@ def difference_line(by_key: Mapping[tuple, Mapping]) -> str | None:
     for candidates in ("graph", "catalog"):
         parts = []
         for metric in ("recall", "ndcg"):
-            baselines = {
-                m: r["value"]
-                for (m, c, s, met), r in by_key.items()
-                if (c, s, met) == (candidates, "all", metric) and not is_hir(m) and math.isfinite(r["value"])
-            }
-            if not baselines:
-                continue
-            best = max(sorted(baselines), key=baselines.get)
+            best = best_baseline(
+                {
+                    m: r["value"]
+                    for (m, c, s, met), r in by_key.items()
+                    if (c, s, met) == (candidates, "all", metric) and math.isfinite(r["value"])
+                }
+            )
             diff = by_key.get((best, candidates, "all", DIFF_METRICS[metric]))
             if diff is None:
                 continue

@@ -57,6 +57,12 @@ def is_hir(method: str) -> bool:
     return method.startswith("hir")
 
 
+def best_baseline(values: Mapping[str, float]) -> str | None:
+    """The baseline (not HIR nor an ablation) with the highest value, ties to the first name; None if there is none."""
+    baselines = sorted(m for m in values if not is_hir(m))
+    return max(baselines, key=values.__getitem__) if baselines else None
+
+
 # --- SVG ------------------------------------------------------------------------------------------------------------
 
 
@@ -506,7 +512,7 @@ def lift_line(rows_by_method: Mapping[str, Mapping[str, Mapping]], *, k: int) ->
             missing = "no baseline" if not baselines else "no `hir` result"
             pieces.append(f"{label}: {missing}")
             continue
-        best = max(sorted(baselines), key=lambda m: baselines[m]["value"])
+        best = best_baseline({m: row["value"] for m, row in baselines.items()})
         base, ours = baselines[best]["value"], hir_row["value"]
         relative = f"{(ours - base) / base * 100:+.1f}%" if base > 0 else "n/a (baseline is 0)"
         paired = rows_by_method[best].get(DIFF_METRICS[metric])
