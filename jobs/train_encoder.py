@@ -113,7 +113,8 @@ class TrainJobConfig:
     use_distillation: bool = True  # ablation: False => retrieval objective only (no teacher-student term)
     steps: int | None = None  # default: epochs x batches per epoch
     epochs: int = 20  # at most; training stops earlier when the validation recall stops improving
-    patience: int = 6  # epochs without a better validation recall@50 before stopping
+    patience: int = 6  # validations without a better validation recall@50 before stopping
+    validate_every: int = 0  # validate every this many steps inside longer epochs; 0: at epoch ends only
     validation_share: float = 0.1  # the next period's last events, held out to choose the stopping epoch
     train_cutoff: dt.datetime | None = (
         None  # naive UTC; None: the last next_period_share of the window after it
@@ -168,6 +169,7 @@ class TrainJobConfig:
             "steps",
             "epochs",
             "patience",
+            "validate_every",
             "validation_share",
             "train_cutoff",
             "next_period_share",
@@ -267,15 +269,25 @@ def build_parser() -> JobArgumentParser:
         type=_positive,
         default=20,
         help="At most this many passes over the next-period pairs (default 20). Training stops earlier, after "
-        "--patience epochs without a better validation recall@50, and serves the best epoch's network.",
+        "--patience validations without a better validation recall@50, and serves the best validated network.",
     )
     length.add_argument("--steps", type=_positive, help="At most this many steps instead of --epochs.")
     g.add_argument(
         "--patience",
         type=_positive,
         default=6,
-        help="Epochs without a better validation recall@50 (the held-out engagements among their users' top 50 "
-        "of the whole corpus) before training stops (default 6: validation recall is noisy from epoch to epoch).",
+        help="Validations without a better validation recall@50 (the held-out engagements among their users' top 50 "
+        "of the whole corpus) before training stops (default 6: validation recall is noisy from one to the next).",
+    )
+    g.add_argument(
+        "--validate-every",
+        type=_non_negative,
+        default=0,
+        metavar="STEPS",
+        help="Also validate inside an epoch longer than STEPS steps, at evenly spaced steps at most STEPS apart "
+        "(default 0: at each epoch's end only). With several --train-periods an epoch is several times longer "
+        "while validation recall peaks after about as many pairs, so per-epoch patience waits several times too "
+        "long; the best validated step, not the best epoch, is served.",
     )
     g.add_argument(
         "--validation-share",
@@ -521,6 +533,7 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         steps=args.steps,
         epochs=args.epochs,
         patience=args.patience,
+        validate_every=args.validate_every,
         validation_share=args.validation_share,
         train_cutoff=train_cutoff,
         next_period_share=args.next_period_share,
@@ -669,7 +682,9 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "train": train_config.to_dict(),
     }
     trainer, resumed_from = start_or_resume(cfg.resume, version, run_dir, run_key, device)
-    selection = EpochSelection(validation, content, layout.batches_per_epoch, cfg.patience)
+    selection = EpochSelection(
+        validation, content, layout.batches_per_epoch, cfg.patience, cfg.validate_every
+    )
     if cfg.warm_start and resumed_from is None:
         try:
             trainer.warm_start(cfg.warm_start)

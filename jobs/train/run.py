@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -218,15 +219,32 @@ def live_log(run_dir: str | Path) -> Path:
 
 @dataclass(frozen=True)
 class EpochSelection:
-    """Validate at each epoch's end; stop after `patience` epochs without a better validation recall@50."""
+    """Validate at each epoch's end and, in an epoch longer than `every` steps, at evenly spaced steps inside it
+    (`every` 0: at epoch ends only); stop after `patience` validations without a better validation recall@50.
+
+    Counting patience in validations rather than epochs keeps the wait after the best model proportionate to the
+    pairs seen: with several training periods an epoch is several times longer while validation recall still
+    peaks after about the same number of pairs."""
 
     validation: Validation | None
     content: Any
     steps_per_epoch: int
     patience: int
+    every: int = 0
+
+    def validates_at(self, step: int) -> bool:
+        """Whether the validation runs after `step` (step 0: a warm start's continued model)."""
+        position = (step - 1) % self.steps_per_epoch + 1  # 1 .. steps_per_epoch
+        if position == self.steps_per_epoch:
+            return True
+        if not self.every or self.every >= self.steps_per_epoch:
+            return False
+        parts = math.ceil(self.steps_per_epoch / self.every)
+        # the j-th of the epoch's `parts` validations runs after its step ceil(j * steps_per_epoch / parts)
+        return position * parts // self.steps_per_epoch > (position - 1) * parts // self.steps_per_epoch
 
     def after_step(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        if self.validation is None or trainer.step % self.steps_per_epoch:
+        if self.validation is None or not self.validates_at(trainer.step):
             return
         score = self.validation.score(trainer.embed, trainer.model_config.retrieval_temp, self.content)
         metrics["validation_loss"] = score["loss"]
@@ -236,7 +254,11 @@ class EpochSelection:
     def should_stop(self, trainer: Trainer) -> bool:
         if self.validation is None or trainer.best is None:
             return False
-        return trainer.step - trainer.best["step"] >= self.patience * self.steps_per_epoch
+        return self.validations_after(trainer.best["step"], trainer.step) >= self.patience
+
+    def validations_after(self, start: int, end: int) -> int:
+        """How many validations ran after steps start + 1 .. end."""
+        return sum(self.validates_at(step) for step in range(start + 1, end + 1))
 
 
 def fit_logged(

@@ -47,6 +47,7 @@ from jobs.common.errors import HirError
 from jobs.sample_neighbourhoods import SampleConfig
 from jobs.train.inputs import TrainingInputs, categories_of_items
 from jobs.train.next_period import NextPeriod, next_period
+from jobs.train.run import EpochSelection
 from jobs.train_encoder import code_version, config_from_args, default_version, resolve_inputs, train
 from schemas.codes import EDGE_TYPES, NODE_TYPES
 from schemas.tables import (
@@ -527,6 +528,7 @@ def test_resume_refuses_without_checkpoint_or_with_other_flags(tables, inputs_a)
         (["--stability-weight", "nan"], "--stability-weight must be 0 or more"),
         (["--codebook-tolerance", "0.9"], "--codebook-tolerance must be 1 or more"),
         (["--train-periods", "0"], "invalid positive integer value"),
+        (["--validate-every", "-1"], "invalid non-negative integer value"),
     ],
 )
 def test_bad_flags_fail_in_one_line(tmp_path, capsys, extra, message) -> None:
@@ -727,3 +729,19 @@ def test_train_and_embed_on_an_s3a_warehouse_equal_a_local_warehouse(
     assert sorted(remote_vectors) == sorted(local_vectors) and len(local_vectors) == 14
     for node, vector in local_vectors.items():
         np.testing.assert_allclose(remote_vectors[node], vector, atol=1e-5)
+
+
+def test_long_epochs_are_validated_inside_and_patience_counts_validations() -> None:
+    # An epoch of 183 steps validated at most 64 steps apart: three evenly spaced validations, after its steps
+    # 61, 122 and 183 (step 0 is a warm start's continued model).
+    inside = EpochSelection(None, None, steps_per_epoch=183, patience=6, every=64)
+    assert [s for s in range(367) if inside.validates_at(s)] == [0, 61, 122, 183, 244, 305, 366]
+    # 209 steps at most 64 apart: four validations, 52.25 steps apart, rounded up.
+    four = EpochSelection(None, None, steps_per_epoch=209, patience=6, every=64)
+    assert [s for s in range(1, 210) if four.validates_at(s)] == [53, 105, 157, 209]
+    # An epoch no longer than the spacing, or no spacing: its end only, as before the flag.
+    for short in (EpochSelection(None, None, 35, 6, every=64), EpochSelection(None, None, 35, 6)):
+        assert [s for s in range(1, 71) if short.validates_at(s)] == [35, 70]
+    assert [s for s in range(1, 367) if EpochSelection(None, None, 183, 6).validates_at(s)] == [183, 366]
+    # Patience counts validations: best at step 61, six validations later is step 427 (not six epochs, 1159).
+    assert inside.validations_after(61, 426) == 5 and inside.validations_after(61, 427) == 6
