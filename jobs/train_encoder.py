@@ -125,6 +125,7 @@ class TrainJobConfig:
     positive_weights: tuple[tuple[str, float], ...] = tuple(POSITIVE_WEIGHTS.items())  # stage -> weight
     batch_size: int = TrainConfig.batch_size
     lr: float = TrainConfig.lr
+    retrieval_temp: float = ModelConfig.retrieval_temp  # the retrieval softmax's temperature on cosine scores
     seed: int = 0
     checkpoint_every: int | None = None  # default: a tenth of the run
     resume: bool = False
@@ -178,6 +179,7 @@ class TrainJobConfig:
             "positive_weights",
             "batch_size",
             "lr",
+            "retrieval_temp",
             "seed",
             "dim",
             "layers",
@@ -345,6 +347,16 @@ def build_parser() -> JobArgumentParser:
         help=f"Peak AdamW learning rate (default {TrainConfig.lr:g}: DINO's 5e-4, with warm-up and cosine decay).",
     )
     g.add_argument(
+        "--retrieval-temp",
+        type=float,
+        default=ModelConfig.retrieval_temp,
+        metavar="T",
+        help=f"Temperature of the retrieval softmax over cosine scores (default {ModelConfig.retrieval_temp:g}). "
+        "The lower it is, the further the training loss can fall on pairs already ranked first: at 0.05 a "
+        "day's pairs were memorised (loss near 0) while validation recall fell after the first epoch; 0.1 "
+        "raised the best validation recall on two demo datasets of three (docs/experiments.md).",
+    )
+    g.add_argument(
         "--seed",
         type=int,
         default=0,
@@ -495,6 +507,8 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
     args = build_parser().parse_args(argv)
     if not args.lr >= 0:
         raise HirError("--lr must be >= 0")
+    if not 0 < args.retrieval_temp < math.inf:  # also refuses nan
+        raise HirError(f"--retrieval-temp must be a positive number, got {args.retrieval_temp}")
     if args.dim % args.heads:
         raise HirError(f"--dim {args.dim} must be divisible by --heads {args.heads}")
     if args.id_buckets < 2:
@@ -542,6 +556,7 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         positive_weights=tuple(parse_stage_weights(args.positive_weights, "--positive-weights").items()),
         batch_size=args.batch_size,
         lr=args.lr,
+        retrieval_temp=args.retrieval_temp,
         seed=args.seed,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
@@ -608,6 +623,7 @@ def build_configs(
         # day (3000 rows, 520 steps): item level-0 purity 0.44 with this rule vs 0.20 with 0.996 (chance 0.10).
         ema_momentum_base=min(ModelConfig.ema_momentum_base, max(0.0, 1.0 - 10.0 / steps)),
         stability_weight=cfg.stability_weight if cfg.warm_start else 0.0,
+        retrieval_temp=cfg.retrieval_temp,
     )
     train = TrainConfig(
         lr=cfg.lr,

@@ -529,6 +529,8 @@ def test_resume_refuses_without_checkpoint_or_with_other_flags(tables, inputs_a)
         (["--codebook-tolerance", "0.9"], "--codebook-tolerance must be 1 or more"),
         (["--train-periods", "0"], "invalid positive integer value"),
         (["--validate-every", "-1"], "invalid non-negative integer value"),
+        (["--retrieval-temp", "0"], "--retrieval-temp must be a positive number"),
+        (["--retrieval-temp", "nan"], "--retrieval-temp must be a positive number"),
     ],
 )
 def test_bad_flags_fail_in_one_line(tmp_path, capsys, extra, message) -> None:
@@ -640,6 +642,10 @@ def test_ablation_flags_reach_the_model_config_and_name_another_version(tables, 
     assert all(m["loss"] == pytest.approx(m["retrieval"]) for m in history)
     report = train(no_bias, inputs_a)
     assert json.loads((report.path / "config.json").read_text())["model"]["use_attention_bias"] is False
+    softer = config_from_args([*base, "--retrieval-temp", "0.2"])
+    assert softer.fingerprint() != config_from_args(base).fingerprint()
+    report = train(softer, inputs_a)
+    assert json.loads((report.path / "config.json").read_text())["model"]["retrieval_temp"] == 0.2
 
 
 def test_resume_from_checkpoints_on_an_object_store(
