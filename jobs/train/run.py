@@ -232,16 +232,22 @@ class EpochSelection:
     patience: int
     every: int = 0
 
+    @property
+    def per_epoch(self) -> int:
+        """Validations per epoch: evenly spaced at most `every` steps apart, the last one at the epoch's end."""
+        if not self.every or self.every >= self.steps_per_epoch:
+            return 1
+        return math.ceil(self.steps_per_epoch / self.every)
+
+    def validations_through(self, step: int) -> int:
+        """How many validations have run after steps 1 .. step: an epoch's j-th runs after its step
+        ceil(j * steps_per_epoch / per_epoch). (Floor division makes step -1 count -1, so step 0 validates.)"""
+        epochs, position = divmod(step, self.steps_per_epoch)
+        return epochs * self.per_epoch + position * self.per_epoch // self.steps_per_epoch
+
     def validates_at(self, step: int) -> bool:
         """Whether the validation runs after `step` (step 0: a warm start's continued model)."""
-        position = (step - 1) % self.steps_per_epoch + 1  # 1 .. steps_per_epoch
-        if position == self.steps_per_epoch:
-            return True
-        if not self.every or self.every >= self.steps_per_epoch:
-            return False
-        parts = math.ceil(self.steps_per_epoch / self.every)
-        # the j-th of the epoch's `parts` validations runs after its step ceil(j * steps_per_epoch / parts)
-        return position * parts // self.steps_per_epoch > (position - 1) * parts // self.steps_per_epoch
+        return self.validations_through(step) > self.validations_through(step - 1)
 
     def after_step(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if self.validation is None or not self.validates_at(trainer.step):
@@ -258,7 +264,7 @@ class EpochSelection:
 
     def validations_after(self, start: int, end: int) -> int:
         """How many validations ran after steps start + 1 .. end."""
-        return sum(self.validates_at(step) for step in range(start + 1, end + 1))
+        return self.validations_through(end) - self.validations_through(start)
 
 
 def fit_logged(
