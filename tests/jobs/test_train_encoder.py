@@ -42,7 +42,7 @@ from hir_model.encoder import hash_node_ids
 from jobs import train_encoder
 from jobs.build_graph import node_id
 from jobs.common.args import run_job
-from jobs.common.delta import TableSnapshot, read_table, table_path, table_snapshot, write_table
+from jobs.common.delta import TableSnapshot, table_path, table_snapshot, write_table
 from jobs.common.errors import HirError
 from jobs.sample_neighbourhoods import SampleConfig
 from jobs.train.inputs import TrainingInputs, categories_of_items
@@ -52,12 +52,10 @@ from jobs.train_encoder import code_version, config_from_args, default_version, 
 from schemas.codes import EDGE_TYPES, NODE_TYPES
 from schemas.tables import (
     EDGES,
-    EMBEDDINGS,
     ENTITIES,
     ENTITY_CONTENT,
     EVENTS,
     NEIGHBOURHOODS,
-    NODES,
     TableSpec,
 )
 
@@ -669,72 +667,6 @@ def test_resume_from_checkpoints_on_an_object_store(
     assert read_lineage(report.path)["resumed_from_step"] == 2
     assert not storage.exists(run_dir)  # the work folder goes once the version is written
     assert_same_training(report.path, reference)
-
-
-def _scrubbed(value, *warehouses: str):
-    """A lineage or config with what differs between two warehouses by design taken out: the warehouse's own
-    location, Parquet file names, timings and creation times."""
-    if isinstance(value, dict):
-        return {
-            k: _scrubbed(v, *warehouses)
-            for k, v in value.items()
-            if k not in ("files", "created_at", "seconds", "warehouse")
-        }
-    if isinstance(value, list):
-        return [_scrubbed(v, *warehouses) for v in value]
-    if isinstance(value, str):
-        for warehouse in warehouses:
-            value = value.replace(warehouse, "<warehouse>")
-    return value
-
-
-@pytest.mark.slow  # about two minutes: twelve Delta writes, two trainings and two embed runs
-def test_train_and_embed_on_an_s3a_warehouse_equal_a_local_warehouse(
-    s3_spark, s3_server, tables, tmp_path, monkeypatch
-) -> None:
-    from jobs.embed_entities import EmbedConfig, embed
-
-    monkeypatch.setenv("HIR_CACHE_DIR", str(tmp_path / "cache"))
-    source, version_a, _ = tables
-    local = storage.normalise(tmp_path / "warehouse")
-    remote = s3_server.new_bucket("train-embed") + "/warehouse"
-    nodes = s3_spark.createDataFrame(
-        [
-            spec_row(NODES, node_id=n(i), source="test", node_type="item", raw_id=str(i), ds=DAY)
-            for i in ITEMS_A
-        ],
-        NODES.schema,
-    )
-    for warehouse in (local, remote):  # the same tables, each written once: the same Delta versions
-        for spec in (EVENTS, ENTITIES, EDGES, ENTITY_CONTENT):
-            write_table(read_table(s3_spark, spec, source), spec, warehouse, None)
-        write_table(read_table(s3_spark, NEIGHBOURHOODS, source, version_a), NEIGHBOURHOODS, warehouse, None)
-        write_table(nodes, NODES, warehouse, None)
-        # pyarrow: petastorm 0.12 names s3a:// files through fsspec, which needs s3fs (not installed)
-        assert train_encoder.main(argv(warehouse, "--loader", "pyarrow")) == 0
-        embed(s3_spark, EmbedConfig(ds=DAY, warehouse=warehouse, top_n=2, batch_size=8))
-
-    (local_model,) = list_versions(storage.join(local, "models"))
-    (remote_model,) = list_versions(storage.join(remote, "models"))
-    assert storage.name(remote_model) == storage.name(local_model)  # flags, input versions, code: same name
-    assert storage.listdir(remote_model) == storage.listdir(local_model)
-    assert _scrubbed(read_lineage(remote_model), remote) == _scrubbed(read_lineage(local_model), local)
-    config = {
-        m: json.loads(storage.read_text(storage.join(m, "config.json"))) for m in (local_model, remote_model)
-    }
-    assert _scrubbed(config[remote_model], remote) == _scrubbed(config[local_model], local)
-    remote_weights, local_weights = load_weights(remote_model), load_weights(local_model)
-    for name, tensor in local_weights["student"].items():
-        assert torch.equal(remote_weights["student"][name], tensor), name
-
-    def vectors(warehouse: str) -> dict[int, np.ndarray]:
-        rows = read_table(s3_spark, EMBEDDINGS, warehouse).collect()
-        return {r["node_id"]: np.array(r["vector"], np.float32) for r in rows}
-
-    remote_vectors, local_vectors = vectors(remote), vectors(local)
-    assert sorted(remote_vectors) == sorted(local_vectors) and len(local_vectors) == 14
-    for node, vector in local_vectors.items():
-        np.testing.assert_allclose(remote_vectors[node], vector, atol=1e-5)
 
 
 def test_long_epochs_are_validated_inside_and_patience_counts_validations() -> None:
