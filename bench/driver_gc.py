@@ -29,28 +29,6 @@ COLLECTORS = {"G1 (JVM default)": "-XX:+UseG1GC", "Parallel (local default)": No
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def config(users: int, items: int, events: int) -> str:
-    return f"""
-[ingest]
-users = {users}
-items = {items}
-events = {events}
-
-[enrich]
-encoder = "hashing:32"
-
-[train]
-args = ["--epochs", "1", "--batch-size", "64"]
-dim = 16
-heads = 2
-prototypes = 16
-id-buckets = 4096
-loader = "pyarrow"
-no-progress = true
-validation-share = 0.0
-"""
-
-
 def _tree_cpu(root: int, seen: dict[int, float]) -> None:
     """Add the CPU seconds (user + system) of `root` and its descendants to `seen`, the highest reading per pid
     (a process's counters only grow, and an exited one is gone, so the last reading before it exits stands)."""
@@ -114,12 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=20_000, help="synthetic events")
     parser.add_argument("--repeats", type=int, default=2, help="runs per collector, alternating")
     args = parser.parse_args(argv)
+    from tests.jobs.test_pipeline import tiny_config  # the pipeline tests' tiny day, at the bench's size
 
     timings: dict[str, list[tuple[float, float]]] = {name: [] for name in COLLECTORS}
     tables: dict[str, list[tuple]] = {}
     with tempfile.TemporaryDirectory() as folder:
         conf = Path(folder) / "day.toml"
-        conf.write_text(config(args.users, args.items, args.events))
+        conf.write_text(tiny_config(args.users, args.items, args.events))
         for repeat in range(args.repeats):
             for number, (name, options) in enumerate(COLLECTORS.items()):
                 warehouse = Path(folder) / f"warehouse-{repeat}-{number}"

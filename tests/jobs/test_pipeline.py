@@ -57,14 +57,18 @@ TABLES = (
     BOM_TOKENS,
     BOM_VOCAB,
 )
+
+
 # Tiny sizes: the day trains in 3 steps. The config mixes both TOML forms (flag = value, args = [...]). One epoch
 # leaves no stopping epoch to choose, so no validation period is held out: that saves a second sampling of the
 # graph per training, in every test built on this day (tests/jobs/test_train_encoder.py covers the validation).
-CONFIG = """
+def tiny_config(users: int = 60, items: int = 120, events: int = 3000) -> str:
+    """The tiny day's pipeline config for a synthetic source of this size (bench/driver_gc.py runs a larger one)."""
+    return f"""
 [ingest]
-users = 60
-items = 120
-events = 3000
+users = {users}
+items = {items}
+events = {events}
 
 [enrich]
 encoder = "hashing:32"
@@ -79,6 +83,9 @@ loader = "pyarrow"
 no-progress = true
 validation-share = 0.0
 """
+
+
+CONFIG = tiny_config()
 
 
 # Another graph decay than the default: a rewrite of the day's edges.
