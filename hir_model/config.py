@@ -7,6 +7,7 @@ Both configs are frozen dataclasses that round-trip through JSON (`to_dict` / `f
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,10 @@ class ModelConfig:
             raise ValueError("id_buckets must be >= 2 and num_id_hashes >= 1")
         if not 0.0 <= self.token_dropout < 1.0:
             raise ValueError(f"token_dropout must be in [0, 1), got {self.token_dropout}")
+        for name in ("retrieval_temp", "student_temp", "teacher_temp", "teacher_temp_warmup"):
+            value = getattr(self, name)
+            if not 0.0 < value < math.inf:  # also refuses nan: a softmax divides by it
+                raise ValueError(f"{name} must be a positive number, got {value}")
         if not self.stability_weight >= 0.0:
             raise ValueError(f"stability_weight must be >= 0, got {self.stability_weight}")
         if self.content_dim < 0:

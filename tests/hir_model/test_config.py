@@ -21,6 +21,12 @@ def test_unknown_field_and_bad_values_are_refused() -> None:
         ModelConfig(attention_backend="xformers")
     with pytest.raises(ValueError, match="divisible"):
         ModelConfig(dim=30, heads=4)
+    # A softmax temperature divides the scores: zero, negative or nan would give infinities at the first step.
+    for bad in (0.0, -0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="retrieval_temp must be a positive number"):
+            ModelConfig(retrieval_temp=bad)
+    with pytest.raises(ValueError, match="teacher_temp must be a positive number"):
+        ModelConfig.from_dict({"teacher_temp": 0})
 
 
 def test_content_can_be_switched_off_two_ways() -> None:
