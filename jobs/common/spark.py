@@ -128,8 +128,8 @@ def _new_session(app_name: str, shuffle_partitions: int | None, ui: bool, extra_
         builder = builder.master(os.environ.get("HIR_SPARK_MASTER", "local[*]"))
         builder = builder.config("spark.driver.memory", os.environ.get("HIR_DRIVER_MEMORY", "4g"))
         # A local run is one JVM doing batch work: the throughput collector spends less CPU than G1 (JDK 17's
-        # default) on its short-lived garbage. Measured on one pipeline day of the tests (2026-12-07): JVM CPU
-        # -6 to -9%, wall -5%; on `hir evaluate`'s small history: -5.5% CPU.
+        # default) on its short-lived garbage: 0.85 of G1's wall and CPU time on a synthetic pipeline day
+        # (bench/driver_gc.py, 2026-12-07).
         java_options = os.environ.get("HIR_DRIVER_JAVA_OPTIONS", LOCAL_DRIVER_JAVA_OPTIONS)
         if java_options and not given.contains("spark.driver.extraJavaOptions"):
             builder = builder.config("spark.driver.extraJavaOptions", java_options)
