@@ -1,14 +1,18 @@
-"""The local driver JVM's garbage collector: one synthetic `hir pipeline` day under JDK 17's default (G1) against
-the throughput collector that local runs use (`jobs.common.spark.LOCAL_DRIVER_JAVA_OPTIONS`), side by side.
+"""The local driver JVM's options: one synthetic `hir pipeline` day under JDK 17's default collector (G1) against
+the throughput collector that local runs use (`jobs.common.spark.LOCAL_DRIVER_JAVA_OPTIONS`), side by side, or
+under any other sets of JVM options (`--options`; the first set is the baseline of the ratios).
 
     .venv/bin/python bench/driver_gc.py                          # a small day (500 users), twice per collector
     .venv/bin/python bench/driver_gc.py --users 2000 --events 100000 --repeats 3
+    # the tests' day (tests/conftest.py), the local default against the tests' C1-only compilation:
+    .venv/bin/python bench/driver_gc.py --users 60 --items 120 --events 3000 \
+        --options "Parallel=default" --options "Parallel, C1 only=-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
 
-Each run is a fresh process (a JVM's collector is chosen at its start), on a fresh warehouse, with the collector
-set through HIR_DRIVER_JAVA_OPTIONS; the runs alternate, so both see the same machine. It reports the wall time
-and the CPU seconds of the whole process tree (the JVM does most of a local day's work), median per collector,
-and the ratio of each to G1's. Both collectors must write the same tables: the bench compares the day's
-embeddings row for row.
+Each run is a fresh process (a JVM's collector and compilers are chosen at its start), on a fresh warehouse, with
+the options set through HIR_DRIVER_JAVA_OPTIONS (`default`: unset, the local default); the runs alternate, so
+every set sees the same machine. It reports the wall time and the CPU seconds of the whole process tree (the JVM
+does most of a local day's work), median per set, and the ratio of each to the first set's. Every set must write
+the same tables: the bench compares the day's embeddings row for row.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-COLLECTORS = {"G1 (JVM default)": "-XX:+UseG1GC", "Parallel (local default)": None}
+COLLECTORS = {"G1 (JVM default)": "-XX:+UseG1GC", "Parallel (local default)": None}  # the default --options
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -90,33 +94,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=500, help="synthetic users of the day")
     parser.add_argument("--items", type=int, default=1000, help="synthetic items")
     parser.add_argument("--events", type=int, default=20_000, help="synthetic events")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per collector, alternating")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per set of options, alternating")
+    parser.add_argument(
+        "--options",
+        action="append",
+        metavar="NAME=JAVA_OPTIONS",
+        help="a set of driver JVM options to run (repeatable; `default` for the local default; the first is the "
+        "baseline). Default: G1 against the local default",
+    )
     args = parser.parse_args(argv)
+    option_sets = COLLECTORS
+    if args.options:
+        if any("=" not in o for o in args.options):
+            parser.error("--options takes NAME=JAVA_OPTIONS")
+        option_sets = {n: None if v == "default" else v for n, v in (o.split("=", 1) for o in args.options)}
+    baseline = next(iter(option_sets))
     from tests.jobs.test_pipeline import tiny_config  # the pipeline tests' tiny day, at the bench's size
 
-    timings: dict[str, list[tuple[float, float]]] = {name: [] for name in COLLECTORS}
+    timings: dict[str, list[tuple[float, float]]] = {name: [] for name in option_sets}
     tables: dict[str, list[tuple]] = {}
     with tempfile.TemporaryDirectory() as folder:
         conf = Path(folder) / "day.toml"
         conf.write_text(tiny_config(args.users, args.items, args.events))
         for repeat in range(args.repeats):
-            for number, (name, options) in enumerate(COLLECTORS.items()):
+            for number, (name, options) in enumerate(option_sets.items()):
                 warehouse = Path(folder) / f"warehouse-{repeat}-{number}"
                 timings[name].append(run_day(options, warehouse, conf))
                 tables.setdefault(name, embeddings(warehouse))
     first, *others = tables.values()
     if any(t != first for t in others):
-        sys.exit("error: the collectors' days wrote different embeddings")
+        sys.exit("error: the option sets' days wrote different embeddings")
 
-    base_wall, base_cpu = (statistics.median(t[i] for t in timings["G1 (JVM default)"]) for i in (0, 1))
+    base_wall, base_cpu = (statistics.median(t[i] for t in timings[baseline]) for i in (0, 1))
     print(
         f"one synthetic pipeline day ({args.users} users, {args.events} events), median of {args.repeats} runs"
     )
     for name, runs in timings.items():
         wall, cpu = (statistics.median(t[i] for t in runs) for i in (0, 1))
         print(
-            f"  {name:26s} wall {wall:6.1f} s  cpu {cpu:6.1f} s   "
-            f"ratio to G1: wall {wall / base_wall:5.3f}  cpu {cpu / base_cpu:5.3f}"
+            f"  {name:28s} wall {wall:6.1f} s  cpu {cpu:6.1f} s   "
+            f"ratio to {baseline}: wall {wall / base_wall:5.3f}  cpu {cpu / base_cpu:5.3f}"
         )
     return 0
 
