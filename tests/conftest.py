@@ -8,19 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.common.spark import LOCAL_DRIVER_JAVA_OPTIONS
 from tests.servers import S3Server, start_hdfs, start_s3proxy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-# Every JVM the tests start (the session's, the jobs' subprocesses', spark-submit's and the standalone cluster's)
-# runs local runs' collector and compiles with C1 only. A test JVM lives a few minutes on tiny tables, too short
-# for C2's optimised code to repay the CPU its compiler threads burn on cores the three workers already saturate:
-# the backfill tests took 0.88 of the CPU time (bench/driver_gc.py measures a pipeline day). Set
-# HIR_DRIVER_JAVA_OPTIONS to test other options; the product's default stays LOCAL_DRIVER_JAVA_OPTIONS.
-TEST_JAVA_OPTIONS = os.environ.setdefault(
-    "HIR_DRIVER_JAVA_OPTIONS", f"{LOCAL_DRIVER_JAVA_OPTIONS} -XX:TieredStopAtLevel=1"
-)
 
 
 def shared_data_dir() -> Path:
