@@ -4,7 +4,8 @@ under any other sets of JVM options (`--options`; the first set is the baseline 
 
     .venv/bin/python bench/driver_gc.py                          # a small day (500 users), twice per collector
     .venv/bin/python bench/driver_gc.py --users 2000 --events 100000 --repeats 3
-    # the tests' day (tests/conftest.py), the local default against the tests' C1-only compilation:
+    # the tests' day size, the local default against C1-only compilation (tried for the tests and reverted: it
+    # killed the JVM inside ALS's fit; docs/experiments.md, "Test suite time"):
     .venv/bin/python bench/driver_gc.py --users 60 --items 120 --events 3000 \
         --options "Parallel=default" --options "Parallel, C1 only=-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
 
@@ -107,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.options:
         if any("=" not in o for o in args.options):
             parser.error("--options takes NAME=JAVA_OPTIONS")
-        option_sets = {n: None if v == "default" else v for n, v in (o.split("=", 1) for o in args.options)}
+        pairs = [o.split("=", 1) for o in args.options]
+        if len({n for n, _ in pairs}) < len(pairs):  # a dict would drop the earlier set silently
+            parser.error("--options: each set needs its own NAME")
+        option_sets = {n: None if v == "default" else v for n, v in pairs}
     baseline = next(iter(option_sets))
     from tests.jobs.test_pipeline import tiny_config  # the pipeline tests' tiny day, at the bench's size
 
