@@ -77,7 +77,11 @@ class TokenFeatures(nn.Module):
         super().__init__()
         self.config = config
         dim = config.dim
-        self.id_embedding = nn.Embedding(config.id_buckets, dim)
+        # Sparse gradients: a step looks the table up about twenty times (two hashes x users, positives, negatives,
+        # the student's views, the bag), and a dense gradient would zero and add the whole id_buckets x dim table
+        # for each lookup. The trainer makes the sum dense once before AdamW (densify_sparse_grads), so the
+        # update is the dense one: every row still decays (bench/train_step.py measures the difference).
+        self.id_embedding = nn.Embedding(config.id_buckets, dim, sparse=True)
         self.node_type_embedding = nn.Embedding(NUM_NODE_TYPES, dim)
         self.edge_type_embedding = nn.Embedding(NUM_EDGE_TYPES, dim)
         self.hop_embedding = nn.Embedding(config.max_hop + 1, dim)

@@ -58,6 +58,15 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def densify_sparse_grads(params: list[nn.Parameter]) -> None:
+    """Replace each sparse gradient (the id table's: encoder.TokenFeatures) by its dense sum, once per step, so
+    clipping and AdamW see the gradient a dense table would have had, at the cost of one dense table instead of
+    one per lookup."""
+    for param in params:
+        if param.grad is not None and param.grad.is_sparse:
+            param.grad = param.grad.to_dense()
+
+
 def _param_groups(modules: list[nn.Module], weight_decay: float) -> list[dict[str, Any]]:
     """Decay matrices and embedding tables; not biases, norms or the attention bias tables (nanoGPT, DINO)."""
     decay, no_decay = [], []
@@ -155,6 +164,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        densify_sparse_grads(params)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
         self.optimizer.step()
         ema_update(self.teacher, self.student, momentum)
