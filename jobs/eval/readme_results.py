@@ -25,6 +25,8 @@ from jobs.eval.report import (
     RANKERS,
     _ordered_methods,
     best_baseline,
+    detectable_lift,
+    lift_ceiling,
     relative_lift,
     union_recall_row,
 )
@@ -137,6 +139,11 @@ def difference_line(by_key: Mapping[tuple, Mapping]) -> str | None:
 RANKING_SLICES = ("all", "no_prior_conversion", "new_interest", "repeat")
 
 
+def _percent(share: float) -> str:
+    """12% for a share of 0.12; one decimal below 10% (0.8%, not 1%), where the digit changes a verdict."""
+    return f"{share:.1%}" if abs(share) < 0.095 else f"{share:.0%}"
+
+
 def ranking_table(rows: Sequence[Mapping]) -> str | None:
     """Rankers x slices: NDCG@10 / NDCG@50, and for the HIR rankers the NDCG@10 difference over base [95% CI]
     with its relative size; the candidates' recall and the users per slice below."""
@@ -176,10 +183,25 @@ def ranking_table(rows: Sequence[Mapping]) -> str | None:
     lines.append(
         "| users | " + " | ".join(str(by_key[("base", s, "ndcg", 10)]["num_users"]) for s in slices) + " |"
     )
+    detectable = {s: detectable_lift(rows, "base+hir", s) for s in slices}
+    if any(v is not None for v in detectable.values()):
+        lines.append(
+            "| detectable lift | "
+            + " | ".join(f"±{_percent(detectable[s])}" if detectable[s] is not None else "–" for s in slices)
+            + " |"
+        )
+    ceiling = {s: lift_ceiling(rows, s) for s in slices}
+    lines.append(
+        "| lift ceiling | "
+        + " | ".join(f"+{_percent(ceiling[s])}" if ceiling[s] is not None else "–" for s in slices)
+        + " |"
+    )
     purity = by_key.get(("hir_tokens", "all", "level0_purity", 0))
     note = (
         "NDCG@10 / NDCG@50 of LightGBM lambdarank over the union of the generators' top lists, user-disjoint "
-        "folds; Δ: NDCG@10 minus `base`'s, paired over users [95% CI], bold where the CI is above zero."
+        "folds; Δ: NDCG@10 minus `base`'s, paired over users [95% CI], bold where the CI is above zero. Detectable "
+        "lift: the smallest relative NDCG@10 lift of `base+hir` that these users show at 80% power (a goal below it "
+        "cannot be demonstrated on this data); lift ceiling: the most any ranker could add, (1 - base) / base."
     )
     if purity is not None:
         note += f" Level-0 token purity against item categories: {purity['value']:.3f}."

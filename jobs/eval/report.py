@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 from xml.sax.saxutils import escape, quoteattr
 
 from hir_model import storage
@@ -348,6 +349,34 @@ def relative_lift(rows: Sequence[Mapping], ranker: str, slice_: str, k: int = 10
     return lift["value"] / base["value"]
 
 
+def detectable_lift(
+    rows: Sequence[Mapping], ranker: str, slice_: str, k: int = 10, *, power: float = 0.8, alpha: float = 0.05
+) -> float | None:
+    """The smallest NDCG@k lift over base, relative to base's NDCG@k, that these users detect with `power`.
+
+    The paired test's minimum detectable effect: (z(1 - alpha/2) + z(power)) standard errors of the paired
+    difference, the standard error read from the width of its (1 - alpha) bootstrap interval. A lift goal below
+    it cannot be shown on these users whatever the features do (0.29 = a true +29% is found 80% of the time).
+    None without the lift row or a base above zero.
+    """
+    index = _ranking_index(rows)
+    lift, base = index.get((ranker, slice_, "ndcg_lift", k)), index.get(("base", slice_, "ndcg", k))
+    if lift is None or base is None or not base["value"]:
+        return None
+    z_ci = NormalDist().inv_cdf(1 - alpha / 2)
+    standard_error = (lift["ci_high"] - lift["ci_low"]) / (2 * z_ci)
+    return (z_ci + NormalDist().inv_cdf(power)) * standard_error / base["value"]
+
+
+def lift_ceiling(rows: Sequence[Mapping], slice_: str, k: int = 10) -> float | None:
+    """The largest relative NDCG@k lift over base that any ranker could reach, (1 - base) / base (an NDCG is at
+    most 1): 0.008 where base already scores 0.992. None without a base above zero."""
+    base = _ranking_index(rows).get(("base", slice_, "ndcg", k))
+    if base is None or not base["value"]:
+        return None
+    return (1.0 - base["value"]) / base["value"]
+
+
 def union_recall_row(rows: Sequence[Mapping], slice_: str) -> Mapping | None:
     """The candidate union's recall row of a slice (its k is each generator's list length), or None."""
     wanted = ("candidate_union", slice_, "recall")
@@ -376,8 +405,9 @@ def render_ranking(section: RankingSection) -> list[str]:
                 "",
             ]
         lines += [
-            "| Ranker | NDCG@10 | NDCG@50 | Recall@50 | AUC | ΔNDCG@10 vs base [95% CI] | relative |",
-            "|---|---|---|---|---|---|---:|",
+            "| Ranker | NDCG@10 | NDCG@50 | Recall@50 | AUC | ΔNDCG@10 vs base [95% CI] | relative "
+            "| detectable (80% power) |",
+            "|---|---|---|---|---|---|---:|---:|",
         ]
         for ranker in RANKERS:
             if (ranker, slice_, "ndcg", 10) not in index:
@@ -392,6 +422,8 @@ def render_ranking(section: RankingSection) -> list[str]:
             relative = relative_lift(section.rows, ranker, slice_)
             cells.append(format_ci(lift["value"], lift["ci_low"], lift["ci_high"]) if lift else "")
             cells.append(f"{relative:+.1%}" if relative is not None else "")
+            detectable = detectable_lift(section.rows, ranker, slice_)
+            cells.append(f"±{detectable:.1%}" if detectable is not None else "")
             lines.append(f"| `{ranker}` | " + " | ".join(cells) + " |")
         lines.append("")
     groups = list(dict.fromkeys(g for shares in section.importance.values() for g in shares))
@@ -453,7 +485,9 @@ def ranking_console(rows: Sequence[Mapping]) -> str:
         lift = index.get((ranker, "all", "ndcg_lift", 10))
         relative = relative_lift(rows, ranker, "all")
         if lift is not None and relative is not None:
-            text += f"  lift {lift['value']:+.4f} [{lift['ci_low']:+.4f}, {lift['ci_high']:+.4f}] ({relative:+.1%})"
+            text += f"  lift {lift['value']:+.4f} [{lift['ci_low']:+.4f}, {lift['ci_high']:+.4f}] ({relative:+.1%}"
+            detectable = detectable_lift(rows, ranker, "all")
+            text += f"; detectable ±{detectable:.0%})" if detectable is not None else ")"
         lines.append(text)
     return "\n".join(lines)
 

@@ -96,4 +96,9 @@ def test_ranking_table_gives_each_ranker_per_slice_and_the_paired_lift_over_base
     assert lines[4] == "| `base+hir_tokens` | 0.190 (Δ -0.010 [-0.030, +0.010], -5%) |"
     assert lines[5] == "| `base+hir` | 0.230 / 0.310 (Δ **+0.030** [+0.010, +0.050], +15%) |"
     assert lines[6] == "| candidate recall | 0.600 |" and lines[7] == "| users | 30 |"
+    # base+hir's CI is 0.040 wide: (1.95996 + 0.84162) x 0.040 / 3.91993 / 0.200 = 14.3%
+    assert lines[8] == "| detectable lift | ±14% |"
+    assert lines[9] == "| lift ceiling | +400% |"  # base 0.200: at most 1.000
+    rows[0] = r("base", "all", "ndcg", 10, 0.992)
+    assert ranking_table(rows).splitlines()[9] == "| lift ceiling | +0.8% |"  # one decimal below 10%
     assert ranking_table([rows[-1]]) is None

@@ -302,6 +302,8 @@ def test_ranking_section_tables_the_rankers_and_draws_the_relative_lift():
 
     from jobs.eval.report import (
         RankingSection,
+        detectable_lift,
+        lift_ceiling,
         ranking_charts,
         ranking_console,
         relative_lift,
@@ -322,7 +324,17 @@ def test_ranking_section_tables_the_rankers_and_draws_the_relative_lift():
                              "hir_embedding": 0.6}}, {"folds (users each)": "5 (10, 10, 10, 10, 10)"})  # fmt: skip
     assert relative_lift(rows, "base+hir", "all") == pytest.approx(0.25)
     text = "\n".join(render_ranking(section))
-    assert "| `base+hir` | 0.250 [0.250, 0.250] | n/a | n/a | n/a | 0.050 [0.010, 0.090] | +25.0% |" in text
+    # detectable: CI width 0.08 = 2 x 1.95996 standard errors; (1.95996 + 0.84162) x 0.020410 / 0.20 = 28.6%
+    assert detectable_lift(rows, "base+hir", "all") == pytest.approx(0.28588, abs=1e-4)
+    # at 50% power, the interval's half-width: 0.04 / 0.20
+    assert detectable_lift(rows, "base+hir", "all", power=0.5) == pytest.approx(0.2, abs=1e-4)
+    assert detectable_lift(rows, "base+hir_tokens", "all") is None  # no lift row
+    assert lift_ceiling(rows, "all") == pytest.approx(4.0)  # base 0.20 can at most reach 1.00
+    assert lift_ceiling([r("base", "ndcg", 10, 0.992)], "all") == pytest.approx(0.00806, abs=1e-5)
+    assert (
+        "| `base+hir` | 0.250 [0.250, 0.250] | n/a | n/a | n/a | 0.050 [0.010, 0.090] | +25.0% | ±28.6% |"
+        in text
+    )
     assert "base+hir_tokens" not in text  # a ranker that did not run has no row
     assert "Candidate recall (the ceiling of every ranker): 0.800" in text
     assert "| `base+hir` | 40.0% |  | 60.0% |" in text  # importance: generators, item, hir_embedding
@@ -330,4 +342,4 @@ def test_ranking_section_tables_the_rankers_and_draws_the_relative_lift():
     lift = ET.fromstring(charts["ranking_lift.svg"])
     bars = [e for e in lift.iter() if e.tag.endswith("rect") and e.find("{*}title") is not None]
     assert [b.find("{*}title").text for b in bars] == ["all, base+hir: 25.0000"]
-    assert "lift +0.0500 [+0.0100, +0.0900] (+25.0%)" in ranking_console(rows)
+    assert "lift +0.0500 [+0.0100, +0.0900] (+25.0%; detectable ±29%)" in ranking_console(rows)
