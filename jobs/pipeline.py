@@ -135,6 +135,8 @@ class Stage:
     artifact_gone: Callable[[str], str | None] = (
         _intact  # artifact -> why it no longer stands, None if it does
     )
+    # artifact -> a later day's run replaced it as it should (a backfill's finished day is still done)
+    artifact_superseded: Callable[[str], bool] = lambda artifact: False
     input_files: Callable[[Any], list[str]] = (
         _no_files  # config -> files read (ingest reads files, not tables)
     )
@@ -221,6 +223,17 @@ def _index_gone(artifact: str) -> str | None:
     if live != named:
         return f"{pointer} now points to {live}, not {named}"
     return None
+
+
+def _index_superseded(artifact: str) -> bool:
+    """LATEST names a version of a later day than the recorded one's: the next days of a backfill published over
+    it (and `--keep-versions` may have pruned it). Its day is still done; rerunning it would point LATEST back."""
+    from jobs.index.publish import LATEST
+
+    day = storage.parent(artifact)
+    pointer = storage.join(storage.parent(day), LATEST)
+    live = storage.read_text(pointer).strip() if storage.is_file(pointer) else ""
+    return live.split("/")[0] > storage.name(day)  # ISO days sort as dates
 
 
 def _report_gone(artifact: str) -> str | None:
@@ -321,6 +334,7 @@ STAGES: tuple[Stage, ...] = (
         summary=lambda r: (r.manifest["count"], "vectors", r.line()),
         artifact=lambda cfg, r: storage.normalise(r.version_dir),
         artifact_gone=_index_gone,
+        artifact_superseded=_index_superseded,
     ),
     Stage(
         "evaluate",
@@ -962,7 +976,8 @@ def done_day(cfg: PipelineConfig) -> PipelineReport | None:
 
     Table versions are not compared, unlike a single day's freshness: the later days of the backfill rewrite the
     shared tables (their own partitions of nodes, edges ...), which would make every finished day stale and a
-    resumed backfill rebuild all of them. `--force` rebuilds every day."""
+    resumed backfill rebuild all of them. For the same reason an index that a later day's publish replaced (LATEST
+    moved on, the version perhaps pruned) still counts. `--force` rebuilds every day."""
     records = read_lineage(cfg.warehouse, cfg.ds)
     artifacts = {name: rec.get("artifact") for name, rec in records.items()}
     artifacts[PREVIOUS_MODEL] = previous_day_model(cfg.warehouse, cfg.ds)
@@ -977,7 +992,8 @@ def done_day(cfg: PipelineConfig) -> PipelineReport | None:
             return None  # _run_day reports it
         if record.get("fingerprint") != print_ or record.get("code") != stage.code():
             return None
-        if record.get("artifact") and stage.artifact_gone(record["artifact"]) is not None:
+        artifact = record.get("artifact")
+        if artifact and stage.artifact_gone(artifact) is not None and not stage.artifact_superseded(artifact):
             return None
         results.append(StageResult.skipped(stage.name, record, "done in an earlier run of the backfill"))
     return PipelineReport(cfg.ds, cfg.warehouse, tuple(results), 0.0)

@@ -9,6 +9,7 @@ left it after its first day, so it redoes only the second day (the part it is ki
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -28,7 +29,7 @@ from pyspark.sql import functions as F
 from jobs import pipeline
 from jobs.common.delta import read_table
 from jobs.common.errors import HirError
-from jobs.pipeline import config_from_args, day_lock, lineage_path, run_backfill
+from jobs.pipeline import config_from_args, day_lock, done_day, lineage_path, run_backfill
 from schemas.tables import (
     BOM_TOKENS,
     BOM_VOCAB,
@@ -111,6 +112,27 @@ def test_days_run_in_order_and_each_warm_starts_from_the_day_before(backfill) ->
     assert lineage["warm_start"]["ds"] == str(DAY1)
     assert "warm from " + Path(first["train"]["artifact"]).name in second["train"]["line"]
     assert f"backfill {DAY1} .. {DAY2}: 2 days, 2 with stages run, 0 fresh" in backfill.text
+
+
+@pytest.mark.slow
+def test_a_finished_day_stays_done_when_later_days_publish_over_its_index(backfill) -> None:
+    # A later day's index moves LATEST on (and --keep-versions prunes old versions): a resumed backfill must still
+    # skip the earlier day. Redoing it would point LATEST back and, its tables rewritten, redo every later day: a
+    # 7-day backfill killed on day 5 started again from day 1 before this was fixed.
+    cfg = config_from_args(backfill_argv(backfill.warehouse, backfill.config))
+    day1, day2 = (
+        dataclasses.replace(cfg, ds=d, ds_to=None, source=s) for d, s in ((DAY1, cfg.source), (DAY2, None))
+    )
+    index = Path(stage_records(backfill.warehouse, DAY1)["build-index"]["artifact"])
+    assert (index.parent.parent / "LATEST").read_text().startswith(f"{DAY2}/")  # day 2 published over it
+    assert set(done_day(day1).status().values()) == {"skipped"}
+    assert done_day(day2) is not None
+    aside = index.parent.parent / f"pruned-{index.name}"
+    index.rename(aside)  # as --keep-versions would have pruned it
+    try:
+        assert done_day(day1) is not None
+    finally:
+        aside.rename(index)
 
 
 @pytest.mark.slow
