@@ -340,13 +340,23 @@ def _ranking_index(rows: Sequence[Mapping]) -> dict[tuple, Mapping]:
     return {(r["method"], r["slice"], r["metric"], r["k"]): r for r in rows}
 
 
+def _base_ndcg(index: Mapping[tuple, Mapping], slice_: str, k: int) -> float | None:
+    """base's NDCG@k on the slice, None without it or at zero (no relative lift is defined then)."""
+    base = index.get(("base", slice_, "ndcg", k))
+    return base["value"] if base is not None and base["value"] else None
+
+
+def _lift_and_base(rows: Sequence[Mapping], ranker: str, slice_: str, k: int) -> tuple[Mapping, float] | None:
+    """The ranker's NDCG@k lift row over base and base's NDCG@k, or None without either."""
+    index = _ranking_index(rows)
+    lift, base = index.get((ranker, slice_, "ndcg_lift", k)), _base_ndcg(index, slice_, k)
+    return None if lift is None or base is None else (lift, base)
+
+
 def relative_lift(rows: Sequence[Mapping], ranker: str, slice_: str, k: int = 10) -> float | None:
     """The ranker's NDCG@k lift over base relative to base's NDCG@k (0.05 = +5%), or None."""
-    index = _ranking_index(rows)
-    lift, base = index.get((ranker, slice_, "ndcg_lift", k)), index.get(("base", slice_, "ndcg", k))
-    if lift is None or base is None or not base["value"]:
-        return None
-    return lift["value"] / base["value"]
+    found = _lift_and_base(rows, ranker, slice_, k)
+    return None if found is None else found[0]["value"] / found[1]
 
 
 def detectable_lift(
@@ -359,22 +369,20 @@ def detectable_lift(
     it cannot be shown on these users whatever the features do (0.29 = a true +29% is found 80% of the time).
     None without the lift row or a base above zero.
     """
-    index = _ranking_index(rows)
-    lift, base = index.get((ranker, slice_, "ndcg_lift", k)), index.get(("base", slice_, "ndcg", k))
-    if lift is None or base is None or not base["value"]:
+    found = _lift_and_base(rows, ranker, slice_, k)
+    if found is None:
         return None
+    lift, base = found
     z_ci = NormalDist().inv_cdf(1 - alpha / 2)
     standard_error = (lift["ci_high"] - lift["ci_low"]) / (2 * z_ci)
-    return (z_ci + NormalDist().inv_cdf(power)) * standard_error / base["value"]
+    return (z_ci + NormalDist().inv_cdf(power)) * standard_error / base
 
 
 def lift_ceiling(rows: Sequence[Mapping], slice_: str, k: int = 10) -> float | None:
     """The largest relative NDCG@k lift over base that any ranker could reach, (1 - base) / base (an NDCG is at
     most 1): 0.008 where base already scores 0.992. None without a base above zero."""
-    base = _ranking_index(rows).get(("base", slice_, "ndcg", k))
-    if base is None or not base["value"]:
-        return None
-    return (1.0 - base["value"]) / base["value"]
+    base = _base_ndcg(_ranking_index(rows), slice_, k)
+    return None if base is None else (1.0 - base) / base
 
 
 def union_recall_row(rows: Sequence[Mapping], slice_: str) -> Mapping | None:
