@@ -116,6 +116,10 @@ def _intact(artifact: str) -> str | None:
     return None
 
 
+def _never_superseded(artifact: str) -> bool:
+    return False
+
+
 def _no_files(cfg: Any) -> list[str]:
     return []
 
@@ -136,7 +140,7 @@ class Stage:
         _intact  # artifact -> why it no longer stands, None if it does
     )
     # artifact -> a later day's run replaced it as it should (a backfill's finished day is still done)
-    artifact_superseded: Callable[[str], bool] = lambda artifact: False
+    artifact_superseded: Callable[[str], bool] = _never_superseded
     input_files: Callable[[Any], list[str]] = (
         _no_files  # config -> files read (ingest reads files, not tables)
     )
@@ -210,16 +214,22 @@ def _build_index(spark, job, cfg):
     return job.build_index(spark, cfg)
 
 
+def _live_index(artifact: str) -> tuple[str, str | None]:
+    """The LATEST pointer beside the index version's day folder, and the `day/version` it names (None if none)."""
+    from jobs.index.publish import LATEST
+
+    pointer = storage.join(storage.parent(storage.parent(artifact)), LATEST)
+    return pointer, storage.read_text(pointer).strip() if storage.is_file(pointer) else None
+
+
 def _index_gone(artifact: str) -> str | None:
     """The recorded index version must still exist and still be the one LATEST names."""
-    from jobs.index.publish import LATEST, MANIFEST_FILE
+    from jobs.index.publish import MANIFEST_FILE
 
     if not storage.is_file(storage.join(artifact, MANIFEST_FILE)):
         return f"index version {artifact} is gone"
-    day = storage.parent(artifact)
-    pointer = storage.join(storage.parent(day), LATEST)
-    live = storage.read_text(pointer).strip() if storage.is_file(pointer) else None
-    named = f"{storage.name(day)}/{storage.name(artifact)}"
+    pointer, live = _live_index(artifact)
+    named = f"{storage.name(storage.parent(artifact))}/{storage.name(artifact)}"
     if live != named:
         return f"{pointer} now points to {live}, not {named}"
     return None
@@ -228,12 +238,8 @@ def _index_gone(artifact: str) -> str | None:
 def _index_superseded(artifact: str) -> bool:
     """LATEST names a version of a later day than the recorded one's: the next days of a backfill published over
     it (and `--keep-versions` may have pruned it). Its day is still done; rerunning it would point LATEST back."""
-    from jobs.index.publish import LATEST
-
-    day = storage.parent(artifact)
-    pointer = storage.join(storage.parent(day), LATEST)
-    live = storage.read_text(pointer).strip() if storage.is_file(pointer) else ""
-    return live.split("/")[0] > storage.name(day)  # ISO days sort as dates
+    _, live = _live_index(artifact)
+    return (live or "").split("/")[0] > storage.name(storage.parent(artifact))  # ISO days sort as dates
 
 
 def _report_gone(artifact: str) -> str | None:
