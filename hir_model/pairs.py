@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,8 +163,14 @@ class RetrievalBatch:
     weights: Tensor  # (B,) stage weights
     # (U, L) served user rows drawn uniformly: the stability term's users (warm starts only)
     anchor_users: TokenBatch | None = None
+    # Where the rows come from: users, items and negatives' numbers in the loader's input rows (B + B + M,) and
+    # anchor_users' in its served rows (U,). The stability term reads the continued model's embedding of each
+    # by these (PairBatches.embed_rows) instead of running it every step.
+    input_rows: Tensor | None = None
+    served_rows: Tensor | None = None
 
     def to(self, device: torch.device | str) -> RetrievalBatch:
+        moved = lambda t: None if t is None else t.to(device)  # noqa: E731
         return RetrievalBatch(
             self.users.to(device),
             self.items.to(device),
@@ -179,7 +185,9 @@ class RetrievalBatch:
                     self.weights,
                 )
             ),
-            None if self.anchor_users is None else self.anchor_users.to(device),
+            moved(self.anchor_users),
+            moved(self.input_rows),
+            moved(self.served_rows),
         )
 
 
@@ -247,6 +255,7 @@ class PairBatches:
         in_batch_mask = self._is_positive(user_index, p.item_id[pair_index])
         negative_mask = self._is_positive(user_index, self.inputs.node_id[negative_rows])
         b, m = len(pair_index), len(negative_rows)
+        input_rows = np.concatenate([p.user_row[pair_index], p.item_row[pair_index], negative_rows])
         positive_log_q = np.log(b * self.item_share[self.pair_item[pair_index]])
         negative_log_q = np.full(m, math.log(m / len(self.corpus)) if m else 0.0)
         return RetrievalBatch(
@@ -259,7 +268,27 @@ class PairBatches:
             torch.from_numpy(negative_mask),
             torch.from_numpy(p.weight[pair_index].copy()),
             None if anchor_rows is None else self.served.batch(anchor_rows, self.content),
+            torch.from_numpy(input_rows.astype(np.int64)),
+            None if anchor_rows is None else torch.from_numpy(anchor_rows.astype(np.int64)),
         )
+
+    def embed_rows(self, embed: Callable[[TokenBatch], Tensor], chunk: int = 512) -> tuple[Tensor, Tensor]:
+        """`embed` of every input row (N, D) and of every served user row (the served rows' count, D; zero for
+        the items, which are never drawn): one pass in chunks of `chunk` rows of similar length (the batch is cut
+        to its longest), in a fixed order, so a resumed run reads the same numbers as an uninterrupted one."""
+
+        def table(rows: NeighbourhoodRows, wanted: np.ndarray) -> Tensor:
+            wanted = wanted[np.argsort(rows.columns["num_tokens"][wanted], kind="stable")]
+            out: Tensor | None = None
+            for start in range(0, len(wanted), chunk):
+                index = wanted[start : start + chunk]
+                values = embed(rows.batch(index, self.content))
+                if out is None:
+                    out = values.new_zeros(len(rows), values.shape[1])
+                out[torch.from_numpy(index).to(out.device)] = values
+            return out if out is not None else torch.zeros(len(rows), 0)
+
+        return table(self.inputs, np.arange(len(self.inputs))), table(self.served, self.user_corpus)
 
     def __iter__(self) -> Iterator[RetrievalBatch]:
         per_epoch = self.batches_per_epoch

@@ -166,7 +166,7 @@ def test_the_stability_term_holds_a_warm_started_model_near_the_one_it_continues
     yesterday = yesterdays_model(tmp_path / "yesterday", tiny_config, data)
     before = yesterday.embed(data.users)
     eager = TrainConfig(lr=1e-2, steps=8, batch_size=32, warmup_steps=1, seed=12)
-    today = batches(data, 8, seed=2)
+    today = synthetic_batches(data, batch_size=32, steps=8, seed=2)
 
     def cosine_to_yesterday(weight: float) -> tuple[float, Trainer]:
         config = ModelConfig.from_dict({**tiny_config.to_dict(), "stability_weight": weight})
@@ -183,6 +183,33 @@ def test_the_stability_term_holds_a_warm_started_model_near_the_one_it_continues
     assert max(m["stability"] for m in held_trainer.history) > 0.0
     with pytest.raises(ValueError, match="stability_weight"):
         ModelConfig.from_dict({**tiny_config.to_dict(), "stability_weight": -1.0})
+
+
+def test_the_stability_term_reads_the_continued_models_embedding_of_each_row_of_the_step(
+    tmp_path: Path, tiny_config: ModelConfig, data
+) -> None:
+    yesterday_model = yesterdays_model(tmp_path / "yesterday", tiny_config, data)
+    config = ModelConfig.from_dict({**tiny_config.to_dict(), "stability_weight": 1.0})
+    trainer = Trainer(config, TRAIN, device="cpu")
+    trainer.warm_start(tmp_path / "yesterday")
+    loader = synthetic_batches(data, batch_size=32, steps=3, seed=2, anchor_users=8)
+    batch = next(iter(loader))
+    with pytest.raises(ValueError, match="anchor_rows"):  # a batch alone cannot say what the rows were
+        trainer.train_step(batch)
+    trainer.anchor_rows(loader)
+    # What the term should be: yesterday's student run on the step's own rows (no tables), against today's
+    # student before the step, which the warm start made equal to it: every cosine 1, the term 0.
+    rows = (batch.users, batch.items, batch.negatives, batch.anchor_users)
+    yesterday = torch.cat([yesterday_model.embed(r) for r in rows])
+    inputs, served = trainer.anchored
+    looked_up = torch.cat([inputs[batch.input_rows], served[batch.served_rows]])
+    torch.testing.assert_close(looked_up, yesterday, rtol=1e-4, atol=1e-5)
+    assert trainer.train_step(batch)["stability"] == pytest.approx(0.0, abs=1e-5)
+    # Fixed chunks of rows sorted by length: any chunk size gives the same tables, up to float rounding
+    small = loader.embed_rows(yesterday_model.embed, chunk=7)
+    for table, other in zip(trainer.anchored, small, strict=True):
+        torch.testing.assert_close(table, other, rtol=1e-4, atol=1e-5)
+    assert not served[torch.from_numpy(loader.user_corpus)].eq(0).all(dim=1).any()  # every user row embedded
 
 
 def test_served_user_rows_in_the_stability_term_hold_the_idle_users_that_no_pair_trains(
