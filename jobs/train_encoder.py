@@ -23,8 +23,8 @@ teacher embeddings of the day's entities; its usage/entropy/collision metrics an
 codes against their categories go into the last line of metrics.jsonl (`"summary": true`).
 
 Day to day: `--warm-start previous|<version>|<folder>` continues a model's networks, AdamW state and DINO centre
-for `--warm-epochs` (a quarter of --epochs by default), validating the continued model before the first step, and
-keeps the continued model's codebooks while they fit the day within --codebook-tolerance of a refit (else the refit
+for `--warm-epochs` (a quarter of --epochs by default), validating the continued model before the first step and
+stopping after `--warm-patience` validations without a better one (half of --patience by default), and keeps the continued model's codebooks while they fit the day within --codebook-tolerance of a refit (else the refit
 anchored closest to them within it); whatever the start, the day's codes are renamed to the ids the latest
 earlier day's `bom_tokens` gave the same entities (jobs.train.continuity), so token ids keep their meaning.
 
@@ -97,6 +97,11 @@ DEFAULT_THREADS = max(1, (os.cpu_count() or 2) // 2)
 # Synthetic day 2 of a warm backfill (docs/experiments.md, "Day to day"): weight 0 / 2 / 10 kept unchanged items at a
 # median cosine of 0.731 / 0.905 / 0.974 to yesterday, validation recall@50 0.450 / 0.400 / 0.424.
 DEFAULT_STABILITY = 10.0
+# A warm start's patience, as a share of --patience. Chosen on the validation histories of the ten warm days of the
+# synthetic and Taobao backfills (2026-12-07, docs/experiments.md "Day to day"): stopping after 3 validations without
+# a better one served the same best-validated model as 6 on all ten, in 27% fewer steps on synthetic (14% on Taobao);
+# after 2 it missed the best on two (synthetic 01-03: 0.449 against 0.454; Taobao 12-03: 0.254 against 0.256).
+WARM_PATIENCE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,7 @@ class TrainJobConfig:
     allow_collapsed: bool = False  # a collapsed run is a result (the evaluation's ablations), not a failure
     warm_start: str | None = None  # a model version folder to continue from (resolved); None: cold start
     warm_epochs: int | None = None  # epochs of a warm-started run; default a quarter of `epochs`
+    warm_patience: int | None = None  # patience of a warm-started run; default half of `patience`
     stability_weight: float = DEFAULT_STABILITY  # warm starts: pull towards the continued model's embeddings
     align_tokens: bool = (
         True  # rename the day's codes to the ids yesterday's bom_tokens gave the same entities
@@ -155,6 +161,14 @@ class TrainJobConfig:
         if self.warm_start is None:
             return self.epochs
         return self.warm_epochs or max(1, math.ceil(self.epochs / 4))
+
+    @property
+    def run_patience(self) -> int:
+        """Validations without a better one before this run stops: a warm start continues a model that already
+        converged on nearly the same window, so it waits half as long (WARM_PATIENCE_SHARE)."""
+        if self.warm_start is None:
+            return self.patience
+        return self.warm_patience or max(1, math.ceil(self.patience * WARM_PATIENCE_SHARE))
 
     @property
     def models(self) -> ModelPath:
@@ -190,6 +204,7 @@ class TrainJobConfig:
             "codes_per_level",
             "codebook_tolerance",
             "warm_epochs",
+            "warm_patience",
             "align_tokens",
         )
         values = asdict(self)
@@ -391,7 +406,16 @@ def build_parser() -> JobArgumentParser:
         type=_positive,
         help="Epochs of a warm-started run, at most (default a quarter of --epochs, at least 1): the model "
         "starts trained, so a day's new data needs a fraction of a cold run. The continued model is validated "
-        "before its first step, so the day serves it unchanged when no epoch beats it.",
+        "before its first step, so the day serves it unchanged when no epoch beats it. A cold start ignores it "
+        "(and trains for --epochs): a backfill passes the same flags to every day, and its first one starts cold.",
+    )
+    g.add_argument(
+        "--warm-patience",
+        type=_positive,
+        help="Validations without a better one before a warm-started run stops (default half of --patience, "
+        "rounded up: 3). The continued model converged on nearly the same window and is validated first, so the "
+        "day's best comes soon or not at all: on ten warm days of two datasets 3 served the same model as 6, 2 "
+        "missed it on two. A cold start ignores it (and waits --patience).",
     )
     g.add_argument(
         "--stability-weight",
@@ -530,8 +554,6 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         raise HirError(f"--version '{args.version}' must be a plain folder name")
     if not args.stability_weight >= 0:  # also refuses nan
         raise HirError(f"--stability-weight must be 0 or more, got {args.stability_weight}")
-    if args.warm_epochs is not None and args.warm_start == WARM_NONE:
-        raise HirError("--warm-epochs needs --warm-start: a cold start trains for --epochs")
     warm = resolve_warm_start(args.warm_start, model_root(args.warehouse, args.model_dir), args.ds)
     return TrainJobConfig(
         ds=args.ds,
@@ -575,6 +597,7 @@ def config_from_args(argv: Sequence[str] | None) -> TrainJobConfig:
         allow_collapsed=args.allow_collapsed,
         warm_start=str(warm) if warm else None,
         warm_epochs=args.warm_epochs if warm else None,
+        warm_patience=args.warm_patience if warm else None,
         stability_weight=args.stability_weight,
         align_tokens=args.align_tokens,
     )
@@ -699,14 +722,15 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
     }
     trainer, resumed_from = start_or_resume(cfg.resume, version, run_dir, run_key, device)
     selection = EpochSelection(
-        validation, content, layout.batches_per_epoch, cfg.patience, cfg.validate_every
+        validation, content, layout.batches_per_epoch, cfg.run_patience, cfg.validate_every
     )
+    continued: dict[str, Any] = {}  # a warm start's validation of the model it continues, before any step
     if cfg.warm_start and resumed_from is None:
         try:
             trainer.warm_start(cfg.warm_start)
         except ValueError as err:
             raise HirError(f"--warm-start: {err}; pass --warm-start none for a cold start") from None
-        selection.after_step(trainer, {})  # the continued model is the one to beat (step 0 validates)
+        selection.after_step(trainer, continued)  # the continued model is the one to beat (step 0 validates)
     elif cfg.warm_start:
         trainer.anchor_to(cfg.warm_start)  # checkpoints do not hold the anchor; the continued version does
     loader = PairBatches(
@@ -763,6 +787,7 @@ def train(cfg: TrainJobConfig, inputs: TrainingInputs) -> TrainReport:
         "best_validation": (
             {"recall_at_50": trainer.best["metric"], "step": trainer.best["step"]} if trainer.best else None
         ),
+        "continued_validation": continued.get("validation_recall_at_50"),
         "final_loss": sum(m["loss"] for m in window) / len(window),
         "final_distill": sum(m["distill"] for m in window) / len(window),
         "final_retrieval": sum(m["retrieval"] for m in window) / len(window),

@@ -13,6 +13,7 @@ import torch
 from hir_model.quantiser import ResidualQuantiser
 from jobs.common.errors import HirError
 from jobs.train.continuity import PreviousTokens, align_quantiser, previous_model, resolve_warm_start
+from jobs.train_encoder import config_from_args
 
 DS = dt.date(2026, 1, 7)
 
@@ -51,6 +52,27 @@ def test_a_warm_start_that_cannot_be_one_is_refused(tmp_path: Path, value: str, 
     fake_model(models, "2026-01-07-cccc", "2026-01-07")
     with pytest.raises(HirError, match=message):
         resolve_warm_start(value, models, DS)
+
+
+def test_warm_epochs_bound_a_warm_start_and_leave_a_cold_one_alone(tmp_path: Path) -> None:
+    # A backfill passes a stage's flags to every day: the first day starts cold with the same --warm-epochs
+    flags = ["--ds", str(DS), "--warehouse", str(tmp_path), "--epochs", "20", "--warm-epochs", "2"]
+    cold = config_from_args(flags)
+    assert cold.warm_start is None and cold.budget_epochs == 20
+    day6 = fake_model(tmp_path / "models", "2026-01-06-bbbb", "2026-01-06")
+    warm = config_from_args([*flags, "--warm-start", "previous"])
+    assert warm.warm_start == str(day6) and warm.budget_epochs == 2
+    assert config_from_args(flags[:-2] + ["--warm-start", "previous"]).budget_epochs == 5  # a quarter of 20
+
+
+def test_a_warm_start_waits_half_the_patience_unless_told_and_a_cold_one_all_of_it(tmp_path: Path) -> None:
+    flags = ["--ds", str(DS), "--warehouse", str(tmp_path), "--patience", "5"]
+    assert config_from_args([*flags, "--warm-patience", "2"]).run_patience == 5  # cold: --patience, as before
+    fake_model(tmp_path / "models", "2026-01-06-bbbb", "2026-01-06")
+    warm = [*flags, "--warm-start", "previous"]
+    assert config_from_args(warm).run_patience == 3  # half of 5, rounded up
+    assert config_from_args([*warm, "--warm-patience", "4"]).run_patience == 4
+    assert config_from_args([*warm, "--patience", "1"]).run_patience == 1  # never 0: one validation at least
 
 
 def test_alignment_renames_todays_codes_to_yesterdays_ids_and_reports_what_was_kept() -> None:
