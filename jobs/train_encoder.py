@@ -24,8 +24,9 @@ codes against their categories go into the last line of metrics.jsonl (`"summary
 
 Day to day: `--warm-start previous|<version>|<folder>` continues a model's networks, AdamW state and DINO centre
 for `--warm-epochs` (a quarter of --epochs by default), validating the continued model before the first step and
-stopping after `--warm-patience` validations without a better one (half of --patience by default), and keeps the continued model's codebooks while they fit the day within --codebook-tolerance of a refit (else the refit
-anchored closest to them within it); whatever the start, the day's codes are renamed to the ids the latest
+stopping after `--warm-patience` validations without a better one (half of --patience by default), and keeps the
+continued model's codebooks while they fit the day within --codebook-tolerance of a refit (else the refit anchored
+closest to them within it); whatever the start, the day's codes are renamed to the ids the latest
 earlier day's `bom_tokens` gave the same entities (jobs.train.continuity), so token ids keep their meaning.
 
 Output: `<model-dir>/<version>/` (weights.pt loadable with torch.load(weights_only=True), config.json,
@@ -164,8 +165,8 @@ class TrainJobConfig:
 
     @property
     def run_patience(self) -> int:
-        """Validations without a better one before this run stops: a warm start continues a model that already
-        converged on nearly the same window, so it waits half as long (WARM_PATIENCE_SHARE)."""
+        """Validations without a better one before this run stops: a warm start, whose budget is a fraction of a
+        cold run's, waits half as long unless told (WARM_PATIENCE_SHARE)."""
         if self.warm_start is None:
             return self.patience
         return self.warm_patience or max(1, math.ceil(self.patience * WARM_PATIENCE_SHARE))
@@ -413,9 +414,9 @@ def build_parser() -> JobArgumentParser:
         "--warm-patience",
         type=_positive,
         help="Validations without a better one before a warm-started run stops (default half of --patience, "
-        "rounded up: 3). The continued model converged on nearly the same window and is validated first, so the "
-        "day's best comes soon or not at all: on ten warm days of two datasets 3 served the same model as 6, 2 "
-        "missed it on two. A cold start ignores it (and waits --patience).",
+        "rounded up: 3). A warm start's budget is a fraction of a cold run's, its wait too: on the validation "
+        "histories of ten warm days of two datasets, 3 served the same model as 6 and 2 missed it on two days. "
+        "A cold start ignores it (and waits --patience).",
     )
     g.add_argument(
         "--stability-weight",
