@@ -98,6 +98,8 @@ DEFAULT_THREADS = max(1, (os.cpu_count() or 2) // 2)
 # Synthetic day 2 of a warm backfill (docs/experiments.md, "Day to day"): weight 0 / 2 / 10 kept unchanged items at a
 # median cosine of 0.731 / 0.905 / 0.974 to yesterday, validation recall@50 0.450 / 0.400 / 0.424.
 DEFAULT_STABILITY = 10.0
+# A warm start's budget, as a share of --epochs: it continues a trained model (--warm-epochs overrides).
+WARM_EPOCHS_SHARE = 0.25
 # A warm start's patience, as a share of --patience. Chosen on the validation histories of the ten warm days of the
 # synthetic and Taobao backfills (2026-12-07, docs/experiments.md "Day to day"): stopping after 3 validations without
 # a better one served the same best-validated model as 6 on all ten, in 27% fewer steps on synthetic (14% on Taobao);
@@ -159,17 +161,19 @@ class TrainJobConfig:
     @property
     def budget_epochs(self) -> int:
         """Epochs this run may take: a warm start continues a trained model, so it gets a smaller budget."""
-        if self.warm_start is None:
-            return self.epochs
-        return self.warm_epochs or max(1, math.ceil(self.epochs / 4))
+        return self._warm_share(self.epochs, self.warm_epochs, WARM_EPOCHS_SHARE)
 
     @property
     def run_patience(self) -> int:
         """Validations without a better one before this run stops: a warm start, whose budget is a fraction of a
         cold run's, waits half as long unless told (WARM_PATIENCE_SHARE)."""
+        return self._warm_share(self.patience, self.warm_patience, WARM_PATIENCE_SHARE)
+
+    def _warm_share(self, cold: int, told: int | None, share: float) -> int:
+        """`cold` for a cold start; for a warm one the value it was told, else `share` of `cold`, rounded up, >= 1."""
         if self.warm_start is None:
-            return self.patience
-        return self.warm_patience or max(1, math.ceil(self.patience * WARM_PATIENCE_SHARE))
+            return cold
+        return told or max(1, math.ceil(cold * share))
 
     @property
     def models(self) -> ModelPath:
