@@ -24,7 +24,7 @@ codes against their categories go into the last line of metrics.jsonl (`"summary
 
 Day to day: `--warm-start previous|<version>|<folder>` continues a model's networks, AdamW state and DINO centre
 for `--warm-epochs` (a quarter of --epochs by default), validating the continued model before the first step and
-stopping after `--warm-patience` validations without a better one (half of --patience by default), and keeps the
+stopping after `--warm-patience` validations without a better one (--patience by default), and keeps the
 continued model's codebooks while they fit the day within --codebook-tolerance of a refit (else the refit anchored
 closest to them within it); whatever the start, the day's codes are renamed to the ids the latest
 earlier day's `bom_tokens` gave the same entities (jobs.train.continuity), so token ids keep their meaning.
@@ -100,11 +100,12 @@ DEFAULT_THREADS = max(1, (os.cpu_count() or 2) // 2)
 DEFAULT_STABILITY = 10.0
 # A warm start's budget, as a share of --epochs: it continues a trained model (--warm-epochs overrides).
 WARM_EPOCHS_SHARE = 0.25
-# A warm start's patience, as a share of --patience. Chosen on the validation histories of the ten warm days of the
-# synthetic and Taobao backfills (2026-12-07, docs/experiments.md "Day to day"): stopping after 3 validations without
-# a better one served the same best-validated model as 6 on all ten, in 27% fewer steps on synthetic (14% on Taobao);
-# after 2 it missed the best on two (synthetic 01-03: 0.449 against 0.454; Taobao 12-03: 0.254 against 0.256).
-WARM_PATIENCE_SHARE = 0.5
+# Validations without a better one before a run stops, cold or warm. Chosen on validation histories alone
+# (2026-12-08, bench/patience_replay.py, docs/experiments.md "Patience"): on 22 distinct cold runs of three datasets
+# that waited 6 (the last `make demo`'s models and the experiments since 2026-12-06), stopping after 3 would have
+# served the same best-validated model on all 22 in 0.62-0.82x the steps; after 2 it missed the best on three. On
+# the ten warm days of the 2026-12-07 chains 3 served the same model too, and 2 missed it on two.
+PATIENCE = 3
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class TrainJobConfig:
     use_distillation: bool = True  # ablation: False => retrieval objective only (no teacher-student term)
     steps: int | None = None  # default: epochs x batches per epoch
     epochs: int = 20  # at most; training stops earlier when the validation recall stops improving
-    patience: int = 6  # validations without a better validation recall@50 before stopping
+    patience: int = PATIENCE  # validations without a better validation recall@50 before stopping
     validate_every: int = 0  # validate every this many steps inside longer epochs; 0: at epoch ends only
     validation_share: float = 0.1  # the next period's last events, held out to choose the stopping epoch
     train_cutoff: dt.datetime | None = (
@@ -152,7 +153,7 @@ class TrainJobConfig:
     allow_collapsed: bool = False  # a collapsed run is a result (the evaluation's ablations), not a failure
     warm_start: str | None = None  # a model version folder to continue from (resolved); None: cold start
     warm_epochs: int | None = None  # epochs of a warm-started run; default a quarter of `epochs`
-    warm_patience: int | None = None  # patience of a warm-started run; default half of `patience`
+    warm_patience: int | None = None  # patience of a warm-started run; default `patience`
     stability_weight: float = DEFAULT_STABILITY  # warm starts: pull towards the continued model's embeddings
     align_tokens: bool = (
         True  # rename the day's codes to the ids yesterday's bom_tokens gave the same entities
@@ -160,20 +161,18 @@ class TrainJobConfig:
 
     @property
     def budget_epochs(self) -> int:
-        """Epochs this run may take: a warm start continues a trained model, so it gets a smaller budget."""
-        return self._warm_share(self.epochs, self.warm_epochs, WARM_EPOCHS_SHARE)
+        """Epochs this run may take: a warm start continues a trained model, so it gets a smaller budget (a share
+        of --epochs rounded up, at least 1, unless told)."""
+        if self.warm_start is None:
+            return self.epochs
+        return self.warm_epochs or max(1, math.ceil(self.epochs * WARM_EPOCHS_SHARE))
 
     @property
     def run_patience(self) -> int:
-        """Validations without a better one before this run stops: a warm start, whose budget is a fraction of a
-        cold run's, waits half as long unless told (WARM_PATIENCE_SHARE)."""
-        return self._warm_share(self.patience, self.warm_patience, WARM_PATIENCE_SHARE)
-
-    def _warm_share(self, cold: int, told: int | None, share: float) -> int:
-        """`cold` for a cold start; for a warm one the value it was told, else `share` of `cold`, rounded up, >= 1."""
+        """Validations without a better one before this run stops: --patience, or a warm start's own when told."""
         if self.warm_start is None:
-            return cold
-        return told or max(1, math.ceil(cold * share))
+            return self.patience
+        return self.warm_patience or self.patience
 
     @property
     def models(self) -> ModelPath:
@@ -297,9 +296,10 @@ def build_parser() -> JobArgumentParser:
     g.add_argument(
         "--patience",
         type=_positive,
-        default=6,
+        default=PATIENCE,
         help="Validations without a better validation recall@50 (the held-out engagements among their users' top 50 "
-        "of the whole corpus) before training stops (default 6: validation recall is noisy from one to the next).",
+        f"of the whole corpus) before training stops (default {PATIENCE}: replayed on the validation histories of 22 "
+        "cold and 10 warm runs of three datasets, 3 served the same model as 6 on every one, 2 missed it on five).",
     )
     g.add_argument(
         "--validate-every",
@@ -417,10 +417,8 @@ def build_parser() -> JobArgumentParser:
     g.add_argument(
         "--warm-patience",
         type=_positive,
-        help="Validations without a better one before a warm-started run stops (default half of --patience, "
-        "rounded up: 3). A warm start's budget is a fraction of a cold run's, its wait too: on the validation "
-        "histories of ten warm days of two datasets, 3 served the same model as 6 and 2 missed it on two days. "
-        "A cold start ignores it (and waits --patience).",
+        help="Validations without a better one before a warm-started run stops (default --patience). A cold "
+        "start ignores it (and waits --patience).",
     )
     g.add_argument(
         "--stability-weight",

@@ -65,14 +65,15 @@ def test_warm_epochs_bound_a_warm_start_and_leave_a_cold_one_alone(tmp_path: Pat
     assert config_from_args(flags[:-2] + ["--warm-start", "previous"]).budget_epochs == 5  # a quarter of 20
 
 
-def test_a_warm_start_waits_half_the_patience_unless_told_and_a_cold_one_all_of_it(tmp_path: Path) -> None:
-    flags = ["--ds", str(DS), "--warehouse", str(tmp_path), "--patience", "5"]
-    assert config_from_args([*flags, "--warm-patience", "2"]).run_patience == 5  # cold: --patience, as before
+def test_patience_is_3_and_a_warm_start_waits_it_unless_told(tmp_path: Path) -> None:
+    base = ["--ds", str(DS), "--warehouse", str(tmp_path)]
+    assert config_from_args(base).run_patience == 3  # the default, chosen on validation histories
+    flags = [*base, "--patience", "5"]
+    assert config_from_args([*flags, "--warm-patience", "2"]).run_patience == 5  # cold: --patience
     fake_model(tmp_path / "models", "2026-01-06-bbbb", "2026-01-06")
     warm = [*flags, "--warm-start", "previous"]
-    assert config_from_args(warm).run_patience == 3  # half of 5, rounded up
-    assert config_from_args([*warm, "--warm-patience", "4"]).run_patience == 4
-    assert config_from_args([*warm, "--patience", "1"]).run_patience == 1  # never 0: one validation at least
+    assert config_from_args(warm).run_patience == 5  # warm, untold: --patience
+    assert config_from_args([*warm, "--warm-patience", "2"]).run_patience == 2
 
 
 def test_alignment_renames_todays_codes_to_yesterdays_ids_and_reports_what_was_kept() -> None:
