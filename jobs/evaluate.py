@@ -56,7 +56,7 @@ from jobs.common.stage import StageLog
 from jobs.eval import baselines as bl
 from jobs.eval.features import BASE_GENERATORS as RANKING_BASE_GENERATORS
 from jobs.eval.metrics import DEFAULT_KS, UserMetrics, paired_bootstrap_diff, per_user_metrics, summarise
-from jobs.eval.report import DIFF_METRICS, is_hir
+from jobs.eval.report import DIFF_METRICS
 from jobs.eval.split import PROTOCOLS, Split, last_conversion_split, temporal_split
 from schemas.tables import (
     BOM_TOKENS,
@@ -831,14 +831,16 @@ def metric_rows(rankings: dict[str, dict[str, TopK]], data: EvalData, cfg: EvalC
 
 
 def hir_differences(per_method: dict[str, UserMetrics], cfg: EvalConfig) -> list[dict]:
-    """`hir_recall_diff` and `hir_ndcg_diff` rows, one per baseline and K: HIR's value minus the baseline's, with a
-    paired bootstrap CI over the same users (every method is scored on one slice's users, in one order)."""
+    """`hir_recall_diff` and `hir_ndcg_diff` rows, one per other method and K: HIR's value minus the method's, with a
+    paired bootstrap CI over the same users (every method is scored on one slice's users, in one order). Against a
+    baseline it says whether HIR wins; against an ablation (`hir_no_bias`, ...) whether the component it removes
+    earns its place."""
     hir = per_method.get("hir")
     if hir is None:
         return []
     rows = []
     for method, metrics in per_method.items():
-        if is_hir(method):
+        if method == "hir":
             continue
         for metric, name in DIFF_METRICS.items():
             for k in sorted(cfg.ks):

@@ -26,6 +26,8 @@ from jobs.eval.report import (
     _ordered_methods,
     best_baseline,
     detectable_lift,
+    format_diff,
+    is_hir,
     lift_ceiling,
     relative_lift,
     union_recall_row,
@@ -94,9 +96,9 @@ def table(rows: Sequence[Mapping], report_link: str | None) -> str:
         for c in columns
     }
     lines.append("| users | " + " | ".join(str(users[c]) for c in columns) + " |")
-    differences = difference_line(by_key)
-    if differences:
-        lines += ["", differences]
+    for line in (difference_line(by_key), ablation_differences(by_key)):
+        if line:
+            lines += ["", line]
     if report_link:
         lines.append("")
         lines.append(f"Recall@{K} / NDCG@{K}; CIs, every K and the plots: `{report_link}`.")
@@ -120,11 +122,7 @@ def difference_line(by_key: Mapping[tuple, Mapping]) -> str | None:
             diff = by_key.get((best, candidates, "all", DIFF_METRICS[metric]))
             if diff is None:
                 continue
-            above = "**" if diff["ci_low"] > 0 else ""
-            parts.append(
-                f"{METRIC_LABELS[metric]}@{K} {above}{diff['value']:+.3f}{above} "
-                f"[{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}] against `{best}`"
-            )
+            parts.append(f"{METRIC_LABELS[metric]}@{K} {format_diff(diff)} against `{best}`")
         if parts:
             pieces.append(f"{candidates} · all: " + ", ".join(parts))
     if not pieces:
@@ -133,6 +131,31 @@ def difference_line(by_key: Mapping[tuple, Mapping]) -> str | None:
         "`hir` minus the best baseline, paired over users [95% CI], bold where the CI is above zero: "
         + "; ".join(pieces)
         + "."
+    )
+
+
+def ablation_differences(by_key: Mapping[tuple, Mapping]) -> str | None:
+    """HIR minus each of its ablations on slice `all` of each candidate set, paired over users with its 95% CI:
+    whether the component the ablation removes earns its place. None where no ablation was evaluated."""
+    ablations = sorted({m for (m, *_rest) in by_key if is_hir(m) and m != "hir"})
+    pieces = []
+    for method in ablations:
+        parts = []
+        for candidates in ("graph", "catalog"):
+            diffs = [
+                f"{METRIC_LABELS[metric]}@{K} {format_diff(diff)}"
+                for metric in ("recall", "ndcg")
+                if (diff := by_key.get((method, candidates, "all", DIFF_METRICS[metric]))) is not None
+            ]
+            if diffs:
+                parts.append(f"{candidates} · all " + ", ".join(diffs))
+        if parts:
+            pieces.append(f"`{method}`: " + "; ".join(parts))
+    if not pieces:
+        return None
+    return (
+        "`hir` minus each ablation, paired over users [95% CI], bold where the CI is above zero (the removed "
+        "component earns its place): " + " · ".join(pieces) + "."
     )
 
 

@@ -567,6 +567,34 @@ def lift_line(rows_by_method: Mapping[str, Mapping[str, Mapping]], *, k: int) ->
     )
 
 
+def ablation_line(rows_by_method: Mapping[str, Mapping[str, Mapping]], *, k: int) -> str | None:
+    """`hir` minus each of its ablations, paired over the same users, per metric: whether the component an
+    ablation removes earns its place (its CI above zero) or not. None when the section has no ablation."""
+    pieces = []
+    for method, rows in rows_by_method.items():
+        if method == "hir" or not is_hir(method):
+            continue
+        parts = []
+        for metric in ("recall", "ndcg"):
+            paired = rows.get(DIFF_METRICS[metric])
+            if _finite(paired):
+                parts.append(f"{METRIC_LABELS[metric]}@{k} {format_diff(paired)}")
+        if parts:
+            pieces.append(f"`{method}` " + ", ".join(parts))
+    if not pieces:
+        return None
+    return (
+        "`hir` minus each ablation (paired 95% CI over the same users; bold where the CI is above zero, so the "
+        "removed component earns its place) — " + "; ".join(pieces) + "."
+    )
+
+
+def format_diff(row: Mapping) -> str:
+    """+0.012 [-0.003, +0.027], bold where the whole CI is above zero."""
+    above = "**" if row["ci_low"] > 0 else ""
+    return f"{above}{row['value']:+.3f}{above} [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]"
+
+
 def render_markdown(
     results: Sequence[Mapping],
     *,
@@ -633,6 +661,8 @@ def render_markdown(
             users = next((r["num_users"] for r in rows.values() if r is not None), "")
             lines.append(f"| `{_cell(method)}` | " + " | ".join(cells) + f" | {users} |")
         lines += ["", lift_line(rows_by_method, k=k), ""]
+        if ablations := ablation_line(rows_by_method, k=k):
+            lines += [ablations, ""]
 
     for name, file_name in (plots or {}).items():
         lines += [f"![{_cell(name)}]({file_name})", ""]

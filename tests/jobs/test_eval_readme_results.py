@@ -60,6 +60,29 @@ def test_the_paired_difference_against_each_columns_best_baseline_follows_the_ta
     assert "hir_recall_diff" not in text and "minus the best" not in table(rows[:6], None)
 
 
+def test_hir_minus_each_ablation_follows_the_baseline_difference():
+    rows = [
+        row("hir", "graph", "all", "recall", 0.30),
+        row("hir", "graph", "all", "ndcg", 0.20),
+        row("hir_no_content", "graph", "all", "recall", 0.25),
+        row("hir_no_content", "graph", "all", "ndcg", 0.19),
+        row("als", "graph", "all", "recall", 0.40),
+        row("als", "graph", "all", "ndcg", 0.10),
+        {**row("als", "graph", "all", "hir_recall_diff", -0.10), "ci_low": -0.15, "ci_high": -0.05},
+        {**row("hir_no_content", "graph", "all", "hir_recall_diff", 0.05), "ci_low": 0.02, "ci_high": 0.08},
+        {**row("hir_no_content", "graph", "all", "hir_ndcg_diff", 0.01), "ci_low": -0.01, "ci_high": 0.03},
+    ]
+    lines = table(rows, None).splitlines()
+    assert lines[-3].startswith("`hir` minus the best baseline") and "against `als`" in lines[-3]
+    assert "hir_no_content" not in lines[-3]  # an ablation is never the best baseline
+    assert lines[-1] == (
+        "`hir` minus each ablation, paired over users [95% CI], bold where the CI is above zero (the removed "
+        "component earns its place): `hir_no_content`: graph · all Recall@50 **+0.050** [+0.020, +0.080], "
+        "NDCG@50 +0.010 [-0.010, +0.030]."
+    )
+    assert "minus each ablation" not in table(rows[:6], None)
+
+
 def test_replace_section_keeps_the_rest_and_needs_the_markers():
     readme = f"# T\n\nbefore\n{START}\nold\n{END}\nafter\n"
     out = replace_section(readme, f"{START}\nnew\n{END}")

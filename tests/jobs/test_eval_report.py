@@ -205,6 +205,29 @@ def test_lift_line_gives_the_paired_ci_of_hir_against_the_best_baseline_only():
     assert text.count("| `covisitation` |") == 1
 
 
+def test_the_ablation_line_gives_hir_minus_each_ablation_and_bolds_a_component_that_earns_its_place():
+    rows = result_rows()
+    base = {k: v for k, v in rows[0].items() if k not in ("method", "metric", "value", "ci_low", "ci_high")}
+    assert "minus each ablation" not in markdown(rows)  # no paired rows, no line
+    for method, metric, value, low, high in (
+        ("hir_no_bias", "hir_recall_diff", 0.02, 0.004, 0.036),  # the bias earns its place on recall
+        ("hir_no_bias", "hir_ndcg_diff", 0.01, -0.006, 0.026),
+        ("popularity", "hir_recall_diff", 0.05, 0.03, 0.07),  # a baseline's: not an ablation
+    ):
+        rows.append(
+            {**base, "method": method, "metric": metric, "value": value, "ci_low": low, "ci_high": high}
+        )
+    text = markdown(rows)
+    assert (
+        "`hir` minus each ablation (paired 95% CI over the same users; bold where the CI is above zero, so the "
+        "removed component earns its place) — `hir_no_bias` Recall@50 **+0.020** [+0.004, +0.036], NDCG@50 "
+        "+0.010 [-0.006, +0.026]." in text
+    )
+    assert "`popularity` Recall" not in text
+    # The baselines' lift line still quotes the best baseline, never an ablation.
+    assert "Recall@50 0.150 vs `covisitation` 0.120" in text
+
+
 def test_lift_line_reports_losses_and_missing_hir():
     values = {"hir": (0.090, 0.050, 0.2), "popularity": (0.100, 0.040, 0.2)}
     text = markdown(result_rows(values))
