@@ -24,10 +24,10 @@ from jobs.eval.report import (
     METRIC_LABELS,
     RANKERS,
     _ordered_methods,
+    ablation_pieces,
     best_baseline,
     detectable_lift,
     format_diff,
-    is_hir,
     lift_ceiling,
     relative_lift,
     union_recall_row,
@@ -137,25 +137,19 @@ def difference_line(by_key: Mapping[tuple, Mapping]) -> str | None:
 def ablation_differences(by_key: Mapping[tuple, Mapping]) -> str | None:
     """HIR minus each of its ablations on slice `all` of each candidate set, paired over users with its 95% CI:
     whether the component the ablation removes earns its place. None where no ablation was evaluated."""
-    ablations = sorted({m for (m, *_rest) in by_key if is_hir(m) and m != "hir"})
-    pieces = []
-    for method in ablations:
-        parts = []
-        for candidates in ("graph", "catalog"):
-            diffs = [
-                f"{METRIC_LABELS[metric]}@{K} {format_diff(diff)}"
-                for metric in ("recall", "ndcg")
-                if (diff := by_key.get((method, candidates, "all", DIFF_METRICS[metric]))) is not None
-            ]
-            if diffs:
-                parts.append(f"{candidates} · all " + ", ".join(diffs))
-        if parts:
-            pieces.append(f"`{method}`: " + "; ".join(parts))
-    if not pieces:
+    methods = sorted({m for (m, *_rest) in by_key})
+    per_method: dict[str, list[str]] = {}
+    for candidates in ("graph", "catalog"):
+        diff_of = lambda m, diff, c=candidates: by_key.get((m, c, "all", diff))  # noqa: E731
+        for method, text in ablation_pieces(methods, diff_of, k=K):
+            per_method.setdefault(method, []).append(f"{candidates} · all {text}")
+    if not per_method:
         return None
     return (
         "`hir` minus each ablation, paired over users [95% CI], bold where the CI is above zero (the removed "
-        "component earns its place): " + " · ".join(pieces) + "."
+        "component earns its place): "
+        + " · ".join(f"`{m}`: " + "; ".join(p) for m, p in per_method.items())
+        + "."
     )
 
 
