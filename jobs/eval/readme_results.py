@@ -140,8 +140,10 @@ def ablation_differences(by_key: Mapping[tuple, Mapping]) -> str | None:
     methods = sorted({m for (m, *_rest) in by_key})
     per_method: dict[str, list[str]] = {}
     for candidates in ("graph", "catalog"):
-        diff_of = lambda m, diff, c=candidates: by_key.get((m, c, "all", diff))  # noqa: E731
-        for method, text in ablation_pieces(methods, diff_of, k=K):
+        diffs = {
+            m: {d: by_key.get((m, candidates, "all", d)) for d in DIFF_METRICS.values()} for m in methods
+        }
+        for method, text in ablation_pieces(diffs, k=K):
             per_method.setdefault(method, []).append(f"{candidates} · all {text}")
     if not per_method:
         return None

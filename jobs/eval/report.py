@@ -13,7 +13,7 @@ folder.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
@@ -567,19 +567,17 @@ def lift_line(rows_by_method: Mapping[str, Mapping[str, Mapping]], *, k: int) ->
     )
 
 
-def ablation_pieces(
-    methods: Iterable[str], diff_of: Callable[[str, str], Mapping | None], *, k: int
-) -> list[tuple[str, str]]:
-    """(ablation, "Recall@k +x [lo, hi], NDCG@k ...") for each of HIR's ablations among `methods` that has paired
-    differences; `diff_of(method, diff_metric)` looks up the `hir_<metric>_diff` row stored on that method."""
+def ablation_pieces(diffs: Mapping[str, Mapping[str, Mapping | None]], *, k: int) -> list[tuple[str, str]]:
+    """(ablation, "Recall@k +x [lo, hi], NDCG@k ...") for each of HIR's ablations among `diffs` (method -> the
+    `hir_<metric>_diff` rows stored on that method, by metric name) that has paired differences."""
     out = []
-    for method in methods:
+    for method, rows in diffs.items():
         if method == "hir" or not is_hir(method):
             continue
         parts = [
             f"{METRIC_LABELS[metric]}@{k} {format_diff(row)}"
             for metric in ("recall", "ndcg")
-            if _finite(row := diff_of(method, DIFF_METRICS[metric]))
+            if _finite(row := rows.get(DIFF_METRICS[metric]))
         ]
         if parts:
             out.append((method, ", ".join(parts)))
@@ -589,7 +587,7 @@ def ablation_pieces(
 def ablation_line(rows_by_method: Mapping[str, Mapping[str, Mapping]], *, k: int) -> str | None:
     """`hir` minus each of its ablations, paired over the same users, per metric: whether the component an
     ablation removes earns its place (its CI above zero) or not. None when the section has no ablation."""
-    pieces = ablation_pieces(rows_by_method, lambda m, diff: rows_by_method[m].get(diff), k=k)
+    pieces = ablation_pieces(rows_by_method, k=k)
     if not pieces:
         return None
     return (
